@@ -1,0 +1,1 @@
+"""The patch catalogue, shipped as ``patchkit.patches``."""
