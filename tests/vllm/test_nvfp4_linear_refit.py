@@ -1,0 +1,226 @@
+"""ModelOpt NVFP4 (W4A4) linear layers refitted through patchkit, on real vLLM (CPU emulation).
+
+Layers are vLLM's ``ColumnParallelLinear``/``RowParallelLinear`` with ``ModelOptNvFp4Config``, so
+``create_weights`` and the weight loaders are upstream's; weights go in through vLLM's
+``AutoWeightsLoader``; outputs come from vLLM's NVFP4 emulation kernel.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from patchkit.patches.vllm.refit import RefitError, abort_refit, finish_refit, prepare_refit, refit
+
+from nvfp4_helpers import (
+    exact_activations,
+    items,
+    linear_checkpoint,
+    linear_reference,
+    process_weights_after_loading,
+)
+
+UP, DOWN = "up", "down"  # two layers: a failure in one must leave both serving old weights
+
+
+def weights_a() -> dict[str, torch.Tensor]:
+    return {
+        **linear_checkpoint(UP, seed=0, out_features=32, in_features=64, weight_scale_2=0.01, input_scale=1.0),
+        **linear_checkpoint(DOWN, seed=1, out_features=64, in_features=32, weight_scale_2=0.03, input_scale=1.0),
+    }
+
+
+def weights_b() -> dict[str, torch.Tensor]:
+    # Different global scales (input scale 0.5: still exact for the test activations).
+    return {
+        **linear_checkpoint(UP, seed=2, out_features=32, in_features=64, weight_scale_2=0.02, input_scale=0.5),
+        **linear_checkpoint(DOWN, seed=3, out_features=64, in_features=32, weight_scale_2=0.005, input_scale=0.5),
+    }
+
+
+class TwoLinears(torch.nn.Module):
+    """The smallest vLLM-style model: two NVFP4 layers and vLLM's generic ``load_weights``."""
+
+    def __init__(self) -> None:
+        from vllm.model_executor.layers.linear import ColumnParallelLinear, RowParallelLinear
+        from vllm.model_executor.layers.quantization.modelopt import ModelOptNvFp4Config
+
+        super().__init__()
+        quant_config = ModelOptNvFp4Config("NVFP4", True, None, [], 16)
+        self.up = ColumnParallelLinear(64, 32, bias=False, quant_config=quant_config, prefix=UP,
+                                       params_dtype=torch.float32)
+        self.down = RowParallelLinear(32, 64, bias=False, quant_config=quant_config, prefix=DOWN,
+                                      params_dtype=torch.float32)
+
+    def load_weights(self, weights):  # the shape of every vLLM model's load_weights
+        from vllm.model_executor.models.utils import AutoWeightsLoader
+
+        return AutoWeightsLoader(self).load_weights(weights)
+
+
+def loaded_model(weights: dict[str, torch.Tensor]) -> TwoLinears:
+    model = TwoLinears()
+    model.load_weights(items(weights))
+    process_weights_after_loading(model)
+    return model
+
+
+def assert_serves(model: TwoLinears, weights: dict[str, torch.Tensor]) -> None:
+    for name, in_features in ((UP, 64), (DOWN, 32)):
+        x = exact_activations(5, in_features)
+        out, _ = getattr(model, name)(x)
+        torch.testing.assert_close(out, linear_reference(weights, name, x), rtol=1e-5, atol=1e-5)
+
+
+def kernel_view(model: TwoLinears) -> dict[str, tuple[int, int, object]]:
+    """Each kernel tensor's object identity, data pointer and weight loader."""
+    return {
+        f"{layer}.{name}": (id(p), p.data_ptr(), getattr(p, "weight_loader", None))
+        for layer in (UP, DOWN)
+        for name, p in getattr(model, layer).named_parameters()
+    }
+
+
+def test_first_load_serves_the_reference_dequantised_weights(nvfp4_refit_patch: None) -> None:
+    assert_serves(loaded_model(weights_a()), weights_a())
+
+
+def test_ten_refits_alternating_weights_serve_each_and_keep_kernel_tensors(nvfp4_refit_patch: None) -> None:
+    model = loaded_model(weights_a())
+    before = kernel_view(model)
+    for step in range(10):
+        weights = weights_b() if step % 2 == 0 else weights_a()
+        with refit(model):
+            model.load_weights(items(weights))
+        assert_serves(model, weights)
+        assert kernel_view(model) == before  # same objects, same storage, same loaders
+
+
+def test_prepare_restores_checkpoint_parameters_with_their_vllm_classes_and_loaders(
+    nvfp4_refit_patch: None,
+) -> None:
+    from vllm.model_executor.parameter import ModelWeightParameter, PerTensorScaleParameter
+
+    model = TwoLinears()
+    created = {n: (type(p), p.shape, p.dtype, p.__dict__.get("_input_dim"), p.__dict__.get("_output_dim"))
+               for n, p in model.up.named_parameters()}
+    model.load_weights(items(weights_a()))
+    process_weights_after_loading(model)
+    assert "weight_scale_2" not in dict(model.up.named_parameters())  # upstream deleted it
+
+    prepare_refit(model)
+    staged = dict(model.up.named_parameters())
+    assert {n: (type(p), p.shape, p.dtype, p.__dict__.get("_input_dim"), p.__dict__.get("_output_dim"))
+            for n, p in staged.items()} == created
+    assert type(staged["weight"]) is ModelWeightParameter
+    assert type(staged["input_scale"]) is PerTensorScaleParameter
+    assert all(callable(p.weight_loader) for p in staged.values())
+    abort_refit(model)
+    assert_serves(model, weights_a())
+
+
+def test_hundred_refits_allocate_no_lasting_tensors(nvfp4_refit_patch: None) -> None:
+    model = loaded_model(weights_a())
+    payloads = (items(weights_b()), items(weights_a()))
+
+    def live_tensors() -> int:
+        gc.collect()
+        return sum(1 for obj in gc.get_objects() if isinstance(obj, torch.Tensor))
+
+    def one_refit(i: int) -> None:
+        with refit(model):
+            model.load_weights(payloads[i % 2])
+
+    one_refit(0)
+    baseline = live_tensors()
+    for i in range(100):
+        one_refit(i + 1)
+    assert live_tensors() == baseline
+    assert_serves(model, weights_b() if 100 % 2 == 0 else weights_a())
+
+
+# --- bad input: a clear error and the previous weights still served ------------------------------
+
+
+def bad_refit(corrupt: Callable[[dict[str, torch.Tensor]], None]) -> tuple[TwoLinears, RefitError]:
+    model = loaded_model(weights_a())
+    before = kernel_view(model)
+    weights = weights_b()
+    corrupt(weights)
+    with pytest.raises(RefitError) as caught:
+        with refit(model):
+            model.load_weights(items(weights))
+    assert_serves(model, weights_a())
+    assert kernel_view(model) == before
+    # and the model still takes a good refit afterwards
+    with refit(model):
+        model.load_weights(items(weights_b()))
+    assert_serves(model, weights_b())
+    return model, caught.value
+
+
+def test_wrong_shape_names_layer_parameter_and_both_shapes(nvfp4_refit_patch: None) -> None:
+    def corrupt(weights: dict[str, torch.Tensor]) -> None:
+        weights[f"{DOWN}.weight"] = weights[f"{DOWN}.weight"][:, :8].contiguous()
+
+    _, error = bad_refit(corrupt)
+    assert (error.layer, error.parameter) == (DOWN, "weight")
+    assert "(64, 16) torch.uint8" in str(error) and "(64, 8) torch.uint8" in str(error)
+
+
+def test_wrong_dtype_names_layer_parameter_and_both_dtypes(nvfp4_refit_patch: None) -> None:
+    def corrupt(weights: dict[str, torch.Tensor]) -> None:
+        weights[f"{UP}.weight_scale"] = weights[f"{UP}.weight_scale"].to(torch.float32)
+
+    _, error = bad_refit(corrupt)
+    assert (error.layer, error.parameter) == (UP, "weight_scale")
+    assert "(32, 4) torch.float8_e4m3fn" in str(error) and "(32, 4) torch.float32" in str(error)
+
+
+def test_missing_parameter_names_layer_and_parameter(nvfp4_refit_patch: None) -> None:
+    def corrupt(weights: dict[str, torch.Tensor]) -> None:
+        del weights[f"{DOWN}.weight_scale"]
+
+    _, error = bad_refit(corrupt)
+    assert (error.layer, error.parameter) == (DOWN, "weight_scale")
+    assert "was not loaded" in str(error) and "(64, 2) torch.float8_e4m3fn" in str(error)
+
+
+def test_finish_without_prepare_and_double_prepare_are_refused(nvfp4_refit_patch: None) -> None:
+    model = loaded_model(weights_a())
+    finish_refit(model)  # nothing prepared: nothing to do, nothing changes
+    assert_serves(model, weights_a())
+    prepare_refit(model)
+    with pytest.raises(RefitError, match="already prepared"):
+        prepare_refit(model)
+    abort_refit(model)
+    assert_serves(model, weights_a())
+
+
+def test_layer_processed_before_the_patch_is_reported_by_name(cpu_nvfp4_kernels: None) -> None:
+    import patchkit
+
+    model = loaded_model(weights_a())  # loaded while the patch is not applied
+    with patchkit.applied("vllm.nvfp4_refit"):
+        with pytest.raises(RefitError, match="'up'.*processed before patchkit recorded it"):
+            prepare_refit(model)
+    assert_serves(model, weights_a())
+
+
+# --- without patchkit ----------------------------------------------------------------------------
+
+
+def test_without_patchkit_a_second_load_fails(cpu_nvfp4_kernels: None) -> None:
+    """Upstream deleted the checkpoint scales at first processing: vLLM's loader cannot find them."""
+    model = loaded_model(weights_a())
+    with pytest.raises(ValueError, match="no module or parameter named 'up.weight_scale_2'"):
+        model.load_weights(items(weights_b()))
+
+
+def test_without_patchkit_the_refit_api_says_why(cpu_nvfp4_kernels: None) -> None:
+    model = loaded_model(weights_a())
+    with pytest.raises(RefitError, match="vllm.nvfp4_refit"):
+        prepare_refit(model)
