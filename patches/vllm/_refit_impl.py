@@ -5,10 +5,11 @@ one layer, done model-wide and all-or-nothing:
 
 1. ``prepare``: put fresh checkpoint-format parameters (recorded class, dims and weight loader) in
    place of the kernel tensors, each loader wrapped to check dtypes, name the layer and parameter
-   in errors, and note what was loaded. Attention layers with a KV-cache method get their scale
+   in errors, and count the elements it writes (as vLLM's reload does with ``copy_``), so a
+   missing or short tensor is caught even where an upstream loader copies it without complaint. Attention layers with a KV-cache method get their scale
    parameters back through the method's own ``create_weights``.
 2. the caller runs ``model.load_weights`` (vLLM's loaders fill the staged parameters).
-3. ``finish``: check every staged parameter was loaded; run upstream
+3. ``finish``: check every staged parameter was loaded in full; run upstream
    ``process_weights_after_loading`` on every staged layer; check the new kernel tensors match the
    old ones; only then copy them into the old kernel tensors (addresses captured by CUDA graphs
    stay valid) and put the old tensor objects back. Any failure before the copy restores every
@@ -18,16 +19,21 @@ one layer, done model-wide and all-or-nothing:
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
+from torch.utils._python_dispatch import TorchDispatchMode
+
 from ._refit_state import (
     STATE_ATTR,
     KernelTensors,
     LayerRefitState,
+    LoadLog,
     Staging,
     clear_tensors,
     describe_tensor,
@@ -64,7 +70,7 @@ def _stage_layer(layer_name: str, layer: torch.nn.Module, state: LayerRefitState
     staging = Staging(params={})
     for name, spec in state.checkpoint.items():
         param = spec.materialize()
-        _wrap_loader(param, layer_name, name, staging.loaded)
+        _wrap_loader(param, layer_name, name, staging.log)
         staging.params[name] = param
     clear_tensors(layer)
     for name, param in staging.params.items():
@@ -73,25 +79,31 @@ def _stage_layer(layer_name: str, layer: torch.nn.Module, state: LayerRefitState
 
 
 def _stage_kv_scales(layer_name: str, layer: torch.nn.Module) -> None:
-    loaded: set[str] = set()
+    log = LoadLog()
     # The method's own create_weights re-creates the scale parameters with the sentinel value
     # its process_weights_after_loading uses to tell "not in the checkpoint".
     layer.quant_method.create_weights(layer)
     for name in _KV_SCALE_NAMES:
         param = getattr(layer, name, None)
         if isinstance(param, torch.Tensor):
-            _wrap_loader(param, layer_name, name, loaded)
-    object.__setattr__(layer, _KV_STAGING_ATTR, loaded)
+            _wrap_loader(param, layer_name, name, log)
+    object.__setattr__(layer, _KV_STAGING_ATTR, log)
 
 
-def _wrap_loader(param: torch.nn.Parameter, layer_name: str, name: str, loaded: set[str]) -> None:
+def _wrap_loader(param: torch.nn.Parameter, layer_name: str, name: str, log: LoadLog) -> None:
     original = _get_loader(param)
+    # Loaders are called positionally (linear, KV scales) or by keyword (fused MoE); the first two
+    # parameters are always the destination and the refit tensor.
+    signature = inspect.signature(original)
 
     @functools.wraps(original)
-    def checked_loader(target: torch.Tensor, loaded_weight: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+    def checked_loader(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        target, loaded_weight = list(bound.arguments.values())[:2]
         _check_dtype(layer_name, name, target, loaded_weight)
         try:
-            result = original(target, loaded_weight, *args, **kwargs)
+            with _CopyCounter() as counter:
+                result = original(*args, **kwargs)
         except (AssertionError, ValueError, RuntimeError, IndexError) as exc:
             raise RefitError(
                 f"refit of layer {layer_name!r}: parameter {name!r} is {describe_tensor(target)}"
@@ -101,10 +113,23 @@ def _wrap_loader(param: torch.nn.Parameter, layer_name: str, name: str, loaded: 
                 expected=describe_tensor(target),
                 got=describe_tensor(loaded_weight),
             ) from exc
-        loaded.add(name)
+        log.record(name, counter.copied, target.numel(), tuple(loaded_weight.shape))
         return result
 
     _set_loader(param, checked_loader)
+
+
+class _CopyCounter(TorchDispatchMode):
+    """Counts elements written by ``copy_`` (every vLLM loader ends in one)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.copied = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is torch.ops.aten.copy_.default:
+            self.copied += args[0].numel()
+        return func(*args, **(kwargs or {}))
 
 
 def _check_dtype(layer_name: str, name: str, target: torch.Tensor, loaded_weight: torch.Tensor) -> None:
@@ -145,17 +170,21 @@ def finish(model: torch.nn.Module) -> None:
 def _check_all_loaded(layers: list[tuple[str, torch.nn.Module, LayerRefitState]]) -> None:
     for layer_name, _, state in layers:
         assert state.staging is not None
-        missing = [n for n in state.checkpoint if n not in state.staging.loaded]
-        if missing:
-            name = missing[0]
-            spec = state.checkpoint[name]
+        log = state.staging.log
+        for name, spec in state.checkpoint.items():
+            copied = log.copied.get(name, 0)
+            numel = math.prod(spec.shape)
+            if copied >= numel:
+                continue
+            seen = ", ".join(_shape_text(s) for s in log.shapes.get(name, []))
+            got = f"{copied} of {numel} elements" + (f" from refit tensors of shape {seen}" if seen else "")
             raise RefitError(
                 f"refit of layer {layer_name!r}: parameter {name!r} ({spec.describe()}) was not"
-                f" loaded; missing: {', '.join(missing)}",
+                f" loaded in full: {got}",
                 layer=layer_name,
                 parameter=name,
                 expected=spec.describe(),
-                got="missing",
+                got=got if copied else "missing",
             )
 
 
@@ -197,9 +226,9 @@ def _commit(layer: torch.nn.Module, state: LayerRefitState, fresh: KernelTensors
 
 
 def _commit_kv_scales(layer: torch.nn.Module) -> None:
-    loaded: set[str] = object.__getattribute__(layer, _KV_STAGING_ATTR)
+    log: LoadLog = object.__getattribute__(layer, _KV_STAGING_ATTR)
     object.__delattr__(layer, _KV_STAGING_ATTR)
-    if loaded:
+    if log.loaded():
         # Upstream copies into the _k_scale/_v_scale/... buffers in place and deletes the params.
         layer.quant_method.process_weights_after_loading(layer)
     else:
@@ -259,6 +288,10 @@ def _drop_kv_scale_params(layer: torch.nn.Module) -> None:
     for name in _KV_SCALE_NAMES:
         if name in layer._parameters:
             del layer._parameters[name]
+
+
+def _shape_text(shape: tuple[int, ...]) -> str:
+    return "(" + ", ".join(str(d) for d in shape) + ")"
 
 
 def _get_loader(param: torch.Tensor) -> Callable[..., Any]:

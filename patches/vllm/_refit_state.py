@@ -108,11 +108,28 @@ class KernelTensors:
 
 
 @dataclass
+class LoadLog:
+    """What the weight loaders wrote during one refit, per parameter name."""
+
+    copied: dict[str, int] = field(default_factory=dict)  #: elements written (capped at numel)
+    shapes: dict[str, list[tuple[int, ...]]] = field(default_factory=dict)  #: refit tensors seen
+
+    def record(self, name: str, numel_copied: int, capacity: int, shape: tuple[int, ...]) -> None:
+        self.copied[name] = min(capacity, self.copied.get(name, 0) + numel_copied)
+        seen = self.shapes.setdefault(name, [])
+        if shape not in seen:
+            seen.append(shape)
+
+    def loaded(self) -> set[str]:
+        return {name for name, count in self.copied.items() if count > 0}
+
+
+@dataclass
 class Staging:
     """One refit in progress on a layer."""
 
     params: dict[str, torch.nn.Parameter]
-    loaded: set[str] = field(default_factory=set)
+    log: LoadLog = field(default_factory=LoadLog)
 
 
 @dataclass

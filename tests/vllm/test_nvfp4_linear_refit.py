@@ -186,7 +186,8 @@ def test_missing_parameter_names_layer_and_parameter(nvfp4_refit_patch: None) ->
 
     _, error = bad_refit(corrupt)
     assert (error.layer, error.parameter) == (DOWN, "weight_scale")
-    assert "was not loaded" in str(error) and "(64, 2) torch.float8_e4m3fn" in str(error)
+    assert "was not loaded in full: 0 of 128 elements" in str(error)
+    assert "(64, 2) torch.float8_e4m3fn" in str(error)
 
 
 def test_finish_without_prepare_and_double_prepare_are_refused(nvfp4_refit_patch: None) -> None:
