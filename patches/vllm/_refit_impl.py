@@ -38,6 +38,7 @@ from ._refit_state import (
     clear_tensors,
     describe_tensor,
     restore_method_state,
+    shape_text,
 )
 from .refit import RefitError
 
@@ -176,7 +177,7 @@ def _check_all_loaded(layers: list[tuple[str, torch.nn.Module, LayerRefitState]]
             numel = math.prod(spec.shape)
             if copied >= numel:
                 continue
-            seen = ", ".join(_shape_text(s) for s in log.shapes.get(name, []))
+            seen = ", ".join(shape_text(s) for s in log.shapes.get(name, []))
             got = f"{copied} of {numel} elements" + (f" from refit tensors of shape {seen}" if seen else "")
             raise RefitError(
                 f"refit of layer {layer_name!r}: parameter {name!r} ({spec.describe()}) was not"
@@ -288,10 +289,6 @@ def _drop_kv_scale_params(layer: torch.nn.Module) -> None:
     for name in _KV_SCALE_NAMES:
         if name in layer._parameters:
             del layer._parameters[name]
-
-
-def _shape_text(shape: tuple[int, ...]) -> str:
-    return "(" + ", ".join(str(d) for d in shape) + ")"
 
 
 def _get_loader(param: torch.Tensor) -> Callable[..., Any]:

@@ -59,7 +59,7 @@ class ParamSpec:
         return param
 
     def describe(self) -> str:
-        return f"{_shape(self.shape)} {self.dtype}"
+        return f"{shape_text(self.shape)} {self.dtype}"
 
 
 @dataclass
@@ -170,9 +170,9 @@ def clear_tensors(layer: torch.nn.Module, keep: frozenset[str] = UNPROCESSED_PAR
         object.__delattr__(layer, name)
 
 
-def _shape(shape: tuple[int, ...] | torch.Size) -> str:
-    return "(" + ", ".join(str(d) for d in shape) + ")"
+def shape_text(shape: tuple[int, ...] | torch.Size) -> str:
+    return str(tuple(shape))
 
 
 def describe_tensor(tensor: torch.Tensor) -> str:
-    return f"{_shape(tuple(tensor.shape))} {tensor.dtype}"
+    return f"{shape_text(tuple(tensor.shape))} {tensor.dtype}"
