@@ -91,3 +91,57 @@ def process_weights_after_loading(model: torch.nn.Module) -> None:
             quant_method.process_weights_after_loading(module)
             if hasattr(module, "update_param_tp_status"):
                 module.update_param_tp_status()
+
+
+# --- a two-layer NVFP4 model ----------------------------------------------------------------------
+
+UP, DOWN = "up", "down"  # two layers: a failure in one must leave both serving old weights
+
+
+def weights_a() -> dict[str, torch.Tensor]:
+    return {
+        **linear_checkpoint(UP, seed=0, out_features=32, in_features=64, weight_scale_2=0.01, input_scale=1.0),
+        **linear_checkpoint(DOWN, seed=1, out_features=64, in_features=32, weight_scale_2=0.03, input_scale=1.0),
+    }
+
+
+def weights_b() -> dict[str, torch.Tensor]:
+    # Different global scales (input scale 0.5: still exact for the test activations).
+    return {
+        **linear_checkpoint(UP, seed=2, out_features=32, in_features=64, weight_scale_2=0.02, input_scale=0.5),
+        **linear_checkpoint(DOWN, seed=3, out_features=64, in_features=32, weight_scale_2=0.005, input_scale=0.5),
+    }
+
+
+class TwoLinears(torch.nn.Module):
+    """The smallest vLLM-style model: two NVFP4 layers and vLLM's generic ``load_weights``."""
+
+    def __init__(self) -> None:
+        from vllm.model_executor.layers.linear import ColumnParallelLinear, RowParallelLinear
+        from vllm.model_executor.layers.quantization.modelopt import ModelOptNvFp4Config
+
+        super().__init__()
+        quant_config = ModelOptNvFp4Config("NVFP4", True, None, [], 16)
+        self.up = ColumnParallelLinear(64, 32, bias=False, quant_config=quant_config, prefix=UP,
+                                       params_dtype=torch.float32)
+        self.down = RowParallelLinear(32, 64, bias=False, quant_config=quant_config, prefix=DOWN,
+                                      params_dtype=torch.float32)
+
+    def load_weights(self, weights):  # the shape of every vLLM model's load_weights
+        from vllm.model_executor.models.utils import AutoWeightsLoader
+
+        return AutoWeightsLoader(self).load_weights(weights)
+
+
+def loaded_model(weights: dict[str, torch.Tensor]) -> TwoLinears:
+    model = TwoLinears()
+    model.load_weights(items(weights))
+    process_weights_after_loading(model)
+    return model
+
+
+def assert_serves(model: TwoLinears, weights: dict[str, torch.Tensor]) -> None:
+    for name, in_features in ((UP, 64), (DOWN, 32)):
+        x = exact_activations(5, in_features)
+        out, _ = getattr(model, name)(x)
+        torch.testing.assert_close(out, linear_reference(weights, name, x), rtol=1e-5, atol=1e-5)
