@@ -2,7 +2,9 @@
 
 Environment (see compat_matrix.yaml ``vllm-0.29``): vLLM beside the CPU torch 2.13.0,
 ``VLLM_TARGET_DEVICE=cpu``. vLLM's model-parallel state is initialised once per session with the
-gloo backend (world size 1) inside ``set_current_vllm_config``, as vLLM's own CPU worker does.
+gloo backend (world size 1) inside ``set_current_vllm_config``, as vLLM's own CPU worker does. The
+config carries a real ``ModelConfig`` read offline from a tiny Llama ``config.json`` (attention
+layers read the model dtype from it; no weights or tokenizer are involved).
 
 Harness redirects (test-only, nothing else of vLLM is replaced):
 
@@ -21,6 +23,7 @@ import os
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
+import json  # noqa: E402
 import socket  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 
@@ -35,12 +38,24 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+TINY_LLAMA_CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
+    "intermediate_size": 256, "num_attention_heads": 2, "num_key_value_heads": 2,
+    "num_hidden_layers": 1, "vocab_size": 256, "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-5, "torch_dtype": "float32",
+}
+
+
 @pytest.fixture(scope="session")
-def vllm_config() -> Iterator[object]:
-    from vllm.config import VllmConfig, set_current_vllm_config
+def vllm_config(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    from vllm.config import ModelConfig, VllmConfig, set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
 
-    config = VllmConfig()
+    model_dir = tmp_path_factory.mktemp("tiny-llama")
+    (model_dir / "config.json").write_text(json.dumps(TINY_LLAMA_CONFIG))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    model_config = ModelConfig(model=str(model_dir), skip_tokenizer_init=True, dtype="float32")
+    config = VllmConfig(model_config=model_config)
     with set_current_vllm_config(config):
         init_distributed_environment(
             world_size=1,

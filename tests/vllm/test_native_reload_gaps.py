@@ -51,13 +51,19 @@ def test_native_reload_with_a_wrong_shape_leaves_the_layer_unusable(cpu_nvfp4_ke
         model.down(torch.zeros(1, 32))
 
 
-def test_native_reload_with_a_missing_parameter_serves_neither_old_nor_new(
+def test_native_reload_with_a_missing_parameter_does_not_keep_the_old_weights(
     cpu_nvfp4_kernels: None, vllm_config: object
 ) -> None:
+    """0.29: no error, and the layer serves neither checkpoint (processed from uninitialised
+    memory). 0.32: a RuntimeError (NaN sentinel) that names no refit parameter, and the layer is
+    left unable to serve the previous weights."""
     model = natively_loaded()
     partial = weights_b()
     del partial[f"{DOWN}.weight_scale"]
-    native_reload(model, partial, vllm_config)  # no error
+    try:
+        native_reload(model, partial, vllm_config)
+    except RuntimeError:
+        pass
     for weights in (weights_a(), weights_b()):
-        with pytest.raises(AssertionError):
+        with pytest.raises((AssertionError, AttributeError, RuntimeError, NotImplementedError)):
             assert_serves(model, weights)

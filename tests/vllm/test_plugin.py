@@ -66,7 +66,7 @@ def test_loading_twice_installs_once() -> None:
     plugin.load()
     from vllm.model_executor.layers.quantization import modelopt
     plugin.load()
-    method = modelopt.ModelOptNvFp4LinearMethod.process_weights_after_loading
+    method = modelopt.ModelOptNvFp4FusedMoE.process_weights_after_loading  # in every variant
     depth = 0
     while hasattr(method, "__wrapped__"):
         method, depth = method.__wrapped__, depth + 1
