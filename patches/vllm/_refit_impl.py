@@ -19,15 +19,11 @@ one layer, done model-wide and all-or-nothing:
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
-import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
-
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._refit_state import (
     STATE_ATTR,
@@ -40,6 +36,7 @@ from ._refit_state import (
     restore_method_state,
     shape_text,
 )
+from ._refit_loaders import wrap_counting_loader
 from .refit import RefitError
 
 logger = logging.getLogger(__name__)
@@ -92,45 +89,23 @@ def _stage_kv_scales(layer_name: str, layer: torch.nn.Module) -> None:
 
 
 def _wrap_loader(param: torch.nn.Parameter, layer_name: str, name: str, log: LoadLog) -> None:
-    original = _get_loader(param)
-    # Loaders are called positionally (linear, KV scales) or by keyword (fused MoE); the first two
-    # parameters are always the destination and the refit tensor.
-    signature = inspect.signature(original)
+    def error(target: torch.Tensor, loaded_weight: torch.Tensor, exc: Exception) -> RefitError:
+        return RefitError(
+            f"refit of layer {layer_name!r}: parameter {name!r} is {describe_tensor(target)}"
+            f" but the refit tensor is {describe_tensor(loaded_weight)} ({exc})",
+            layer=layer_name,
+            parameter=name,
+            expected=describe_tensor(target),
+            got=describe_tensor(loaded_weight),
+        )
 
-    @functools.wraps(original)
-    def checked_loader(*args: Any, **kwargs: Any) -> Any:
-        bound = signature.bind(*args, **kwargs)
-        target, loaded_weight = list(bound.arguments.values())[:2]
-        _check_dtype(layer_name, name, target, loaded_weight)
-        try:
-            with _CopyCounter() as counter:
-                result = original(*args, **kwargs)
-        except (AssertionError, ValueError, RuntimeError, IndexError) as exc:
-            raise RefitError(
-                f"refit of layer {layer_name!r}: parameter {name!r} is {describe_tensor(target)}"
-                f" but the refit tensor is {describe_tensor(loaded_weight)} ({exc})",
-                layer=layer_name,
-                parameter=name,
-                expected=describe_tensor(target),
-                got=describe_tensor(loaded_weight),
-            ) from exc
-        log.record(name, counter.copied, target.numel(), tuple(loaded_weight.shape))
-        return result
-
-    _set_loader(param, checked_loader)
-
-
-class _CopyCounter(TorchDispatchMode):
-    """Counts elements written by ``copy_`` (every vLLM loader ends in one)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.copied = 0
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if func is torch.ops.aten.copy_.default:
-            self.copied += args[0].numel()
-        return func(*args, **(kwargs or {}))
+    wrap_counting_loader(
+        param,
+        name,
+        log,
+        check=functools.partial(_check_dtype, layer_name, name),
+        on_error=error,
+    )
 
 
 def _check_dtype(layer_name: str, name: str, target: torch.Tensor, loaded_weight: torch.Tensor) -> None:
@@ -169,16 +144,16 @@ def finish(model: torch.nn.Module) -> None:
 
 
 def _check_all_loaded(layers: list[tuple[str, torch.nn.Module, LayerRefitState]]) -> None:
+    """Each parameter must receive at least as many elements as the model's original load wrote."""
     for layer_name, _, state in layers:
         assert state.staging is not None
         log = state.staging.log
         for name, spec in state.checkpoint.items():
             copied = log.copied.get(name, 0)
-            numel = math.prod(spec.shape)
-            if copied >= numel:
+            if copied >= spec.required:
                 continue
             seen = ", ".join(shape_text(s) for s in log.shapes.get(name, []))
-            got = f"{copied} of {numel} elements" + (f" from refit tensors of shape {seen}" if seen else "")
+            got = f"{copied} of {spec.required} elements" + (f" from refit tensors of shape {seen}" if seen else "")
             raise RefitError(
                 f"refit of layer {layer_name!r}: parameter {name!r} ({spec.describe()}) was not"
                 f" loaded in full: {got}",
@@ -289,21 +264,3 @@ def _drop_kv_scale_params(layer: torch.nn.Module) -> None:
     for name in _KV_SCALE_NAMES:
         if name in layer._parameters:
             del layer._parameters[name]
-
-
-def _get_loader(param: torch.Tensor) -> Callable[..., Any]:
-    loader = getattr(param, "weight_loader", None)
-    if loader is None:
-        from vllm.model_executor.model_loader.weight_utils import default_weight_loader
-
-        loader = default_weight_loader
-    return loader
-
-
-def _set_loader(param: torch.Tensor, loader: Callable[..., Any]) -> None:
-    # BasevLLMParameter keeps its loader in `_weight_loader` behind a property (setter only in
-    # newer releases); plain Parameters (KV scales) carry a plain attribute.
-    if "_weight_loader" in param.__dict__:
-        param._weight_loader = loader
-    else:
-        param.weight_loader = loader

@@ -9,12 +9,14 @@ global map), so it is freed with the layer even though weight loaders are bound 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 STATE_ATTR = "_patchkit_refit_state"
+FIRST_LOAD_ATTR = "_patchkit_first_load"
 
 # Loaded in place by the layer's own loader and never touched by the NVFP4 processing.
 UNPROCESSED_PARAMS = frozenset({"bias"})
@@ -35,9 +37,11 @@ class ParamSpec:
     dtype: torch.dtype
     device: torch.device
     attrs: dict[str, Any]
+    #: elements the model's original load wrote; None when that load was not observed
+    first_copied: int | None = None
 
     @classmethod
-    def of(cls, name: str, param: torch.nn.Parameter) -> ParamSpec:
+    def of(cls, name: str, param: torch.nn.Parameter, first_copied: int | None = None) -> ParamSpec:
         return cls(
             name=name,
             cls=type(param),
@@ -46,7 +50,14 @@ class ParamSpec:
             dtype=param.dtype,
             device=param.device,
             attrs=dict(param.__dict__),
+            first_copied=first_copied,
         )
+
+    @property
+    def required(self) -> int:
+        """Elements a refit must write: what the original load wrote (a W4A16 checkpoint, say,
+        leaves the ``input_scale`` placeholder unloaded), else the whole parameter."""
+        return math.prod(self.shape) if self.first_copied is None else self.first_copied
 
     def materialize(self) -> torch.nn.Parameter:
         """A new, uninitialised parameter of the recorded vLLM class with the recorded loader."""
@@ -140,9 +151,9 @@ class LayerRefitState:
     staging: Staging | None = None
 
 
-def capture_checkpoint_specs(layer: torch.nn.Module) -> dict[str, ParamSpec]:
+def capture_checkpoint_specs(layer: torch.nn.Module, first_load: LoadLog | None) -> dict[str, ParamSpec]:
     return {
-        name: ParamSpec.of(name, param)
+        name: ParamSpec.of(name, param, None if first_load is None else first_load.copied.get(name, 0))
         for name, param in layer._parameters.items()
         if param is not None and name not in UNPROCESSED_PARAMS
     }

@@ -24,12 +24,22 @@ from __future__ import annotations
 from patchkit import Patch, Variant, Wrap
 
 MODELOPT = "vllm.model_executor.layers.quantization.modelopt"
-RECORD = "._nvfp4_refit_record:wrap_process_weights_after_loading"
+_RECORD = "._nvfp4_refit_record"
 
-_LINEAR_W4A4 = Wrap(f"{MODELOPT}:ModelOptNvFp4LinearMethod.process_weights_after_loading", RECORD)
-_LINEAR_W4A16 = Wrap(f"{MODELOPT}:ModelOptNvFp4W4A16LinearMethod.process_weights_after_loading", RECORD)
-_LINEAR_GENERIC = Wrap(f"{MODELOPT}:ModelOptLinearMethod.process_weights_after_loading", RECORD)
-_MOE = Wrap(f"{MODELOPT}:ModelOptNvFp4FusedMoE.process_weights_after_loading", RECORD)
+
+def _record(method_class: str) -> tuple[Wrap, Wrap]:
+    """Count the original load after create_weights; record at the first processing."""
+    return (
+        Wrap(f"{MODELOPT}:{method_class}.create_weights", f"{_RECORD}:wrap_create_weights"),
+        Wrap(f"{MODELOPT}:{method_class}.process_weights_after_loading",
+             f"{_RECORD}:wrap_process_weights_after_loading"),
+    )
+
+
+_LINEAR_W4A4 = _record("ModelOptNvFp4LinearMethod")
+_LINEAR_W4A16 = _record("ModelOptNvFp4W4A16LinearMethod")
+_LINEAR_GENERIC = _record("ModelOptLinearMethod")
+_MOE = _record("ModelOptNvFp4FusedMoE")
 
 PATCHES = (
     Patch(
@@ -55,17 +65,17 @@ PATCHES = (
         variants=(
             Variant(
                 requires={"vllm": ">=0.12,<0.21"},
-                installs=(_LINEAR_W4A4, _MOE),
+                installs=(*_LINEAR_W4A4, *_MOE),
                 label="modelopt-nvfp4-linear",
             ),
             Variant(
                 requires={"vllm": ">=0.21,<0.30"},
-                installs=(_LINEAR_W4A4, _LINEAR_W4A16, _MOE),
+                installs=(*_LINEAR_W4A4, *_LINEAR_W4A16, *_MOE),
                 label="modelopt-nvfp4-linear-w4a16",
             ),
             Variant(
                 requires={"vllm": ">=0.30,<0.34"},
-                installs=(_LINEAR_GENERIC, _MOE),
+                installs=(*_LINEAR_GENERIC, *_MOE),
                 label="modelopt-linear-method",
             ),
         ),

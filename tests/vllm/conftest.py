@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+import torch
+
+if not torch.cuda.is_available():  # vLLM picks its platform from this at first use
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 import json  # noqa: E402
 import socket  # noqa: E402

@@ -20,12 +20,15 @@ from nvfp4_helpers import (
     UP,
     TwoLinears,
     assert_serves,
+    exact_activations,
     items,
+    linear_reference,
     loaded_model,
     process_weights_after_loading,
     weights_a,
     weights_b,
 )
+
 
 def kernel_view(model: TwoLinears) -> dict[str, tuple[int, int, object]]:
     """Each kernel tensor's object identity, data pointer and weight loader."""
@@ -177,3 +180,20 @@ def test_without_patchkit_the_refit_api_says_why(cpu_nvfp4_kernels: None) -> Non
     model = loaded_model(weights_a())
     with pytest.raises(RefitError, match="vllm.nvfp4_refit"):
         prepare_refit(model)
+
+
+def test_refit_requires_only_what_the_original_load_wrote(nvfp4_refit_patch: None) -> None:
+    """A parameter the checkpoint never had (W4A16's ``input_scale`` placeholder is the real case;
+    W4A16 needs Marlin, so here a W4A4 layer loaded without it) is not demanded by refits."""
+    without_input_scale = {k: v for k, v in weights_a().items() if k != f"{UP}.input_scale"}
+    model = loaded_model(without_input_scale)
+    refit_weights = {k: v for k, v in weights_b().items() if k != f"{UP}.input_scale"}
+    with refit(model):
+        model.load_weights(items(refit_weights))
+    x = exact_activations(5, 32)
+    torch.testing.assert_close(model.down(x)[0], linear_reference(weights_b(), DOWN, x), rtol=1e-5, atol=1e-5)
+    # what the original load did write is still required
+    del refit_weights[f"{UP}.weight_scale"]
+    with pytest.raises(RefitError, match="'weight_scale'.*0 of 128 elements"):
+        with refit(model):
+            model.load_weights(items(refit_weights))
