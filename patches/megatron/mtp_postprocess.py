@@ -69,7 +69,7 @@ PATCHES = (
             Variant(
                 label="detach-in-get-embeddings",
                 requires={"megatron-core": ">=0.14,<0.20"},
-                installs=(Wrap(_GET_EMBEDDINGS, "._mtp_detach_inputs:wrap_get_embeddings"),),
+                installs=(Wrap(_GET_EMBEDDINGS, "._mtp_postprocess_detach:wrap_get_embeddings"),),
             ),
         ),
     ),
