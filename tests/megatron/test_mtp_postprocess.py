@@ -8,6 +8,7 @@ run. fp32 throughout; tolerance 1e-5.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from importlib.metadata import version
 from typing import Any
@@ -163,3 +164,46 @@ def test_detach_patch_sends_no_mtp_gradient_into_the_main_model(
     assert all(magnitude(detached[n]) == 0.0 for n in decoder), [n for n in decoder if magnitude(detached[n])]
     for name in mtp_parameters(model):
         assert magnitude(detached[name]) > 0, f"{name} stopped training under the detach patch"
+
+
+@pytest.mark.parametrize("mtp_num_layers", [1, 2])
+def test_packed_sequences_roll_mtp_labels_like_upstream(
+    tiny_gpt: Callable[..., Any], attached_mtp_losses: list[torch.Tensor], mtp_num_layers: int
+) -> None:
+    # Local attention cannot run packed (THD) sequences on CPU, so the postprocess is driven
+    # directly with decoder + MTP hidden states, as a THD forward would hand them over.
+    from conftest import VOCAB_SIZE
+    from megatron.core.packed_seq_params import PackedSeqParams
+    from megatron.core.transformer.multi_token_prediction import roll_tensor
+
+    model = tiny_gpt(mtp_num_layers=mtp_num_layers)
+    generator = torch.Generator().manual_seed(11)
+    cu_seqlens = torch.tensor([0, 5, 11, 16], dtype=torch.int32)
+    tokens = int(cu_seqlens[-1])
+    packed = PackedSeqParams(
+        qkv_format="thd", cu_seqlens_q=cu_seqlens, cu_seqlens_kv=cu_seqlens, max_seqlen_q=6, max_seqlen_kv=6
+    )
+    hidden = torch.randn((1 + mtp_num_layers) * tokens, 1, 64, generator=generator)
+    labels = torch.randint(0, VOCAB_SIZE, (1, tokens), generator=generator)
+    loss_mask = torch.ones(1, tokens)
+    loss_mask[0, 7] = 0.0
+
+    def attached(packed_seq_params: Any) -> list[torch.Tensor]:
+        attached_mtp_losses.clear()
+        model._postprocess(
+            hidden_states=hidden.clone(), input_ids=labels, position_ids=None, labels=labels,
+            rotary_pos_emb=None, rotary_pos_cos=None, rotary_pos_sin=None, mtp_in_postprocess=False,
+            loss_mask=loss_mask, packed_seq_params=packed_seq_params,
+        )
+        return list(attached_mtp_losses)
+
+    upstream = attached(packed)
+    with patchkit.applied("megatron.mtp_postprocess"):
+        ours = attached(packed)
+        ours_unpacked = attached(None)
+    assert len(ours) == len(upstream) == mtp_num_layers
+    for depth, (mine, theirs) in enumerate(zip(ours, upstream)):
+        torch.testing.assert_close(mine, theirs, atol=ATOL, rtol=0, msg=f"depth {depth + 1}")
+    if "packed_seq_params" in inspect.signature(roll_tensor).parameters:
+        # Where upstream rolls per sequence, so must the patch: ignoring the packing would differ.
+        assert not all(torch.allclose(a, b) for a, b in zip(ours, ours_unpacked))
