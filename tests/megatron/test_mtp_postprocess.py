@@ -207,3 +207,31 @@ def test_packed_sequences_roll_mtp_labels_like_upstream(
     if "packed_seq_params" in inspect.signature(roll_tensor).parameters:
         # Where upstream rolls per sequence, so must the patch: ignoring the packing would differ.
         assert not all(torch.allclose(a, b) for a, b in zip(ours, ours_unpacked))
+
+
+@pytest.mark.parametrize(
+    ("environ", "detach_state"),
+    [({}, "skipped"), ({"PATCHKIT_ENABLE": "megatron.mtp_*"}, "applied")],
+)
+def test_apply_all_installs_postprocess_by_default_and_detach_only_when_enabled(
+    megatron_cpu: None, environ: dict[str, str], detach_state: str
+) -> None:
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.transformer.multi_token_prediction import MultiTokenPredictionLayer
+
+    from patchkit.patches.megatron import mtp_postprocess as declaration
+
+    originals = (GPTModel.__dict__["_postprocess"], MultiTokenPredictionLayer.__dict__["_get_embeddings"])
+    engine = patchkit.Engine()
+    for patch in declaration.PATCHES:
+        engine.register(patch, "patchkit.patches.megatron")
+    try:
+        records = {record.id: record for record in engine.apply_all(environ=environ)}
+        assert records["megatron.mtp_postprocess"].state.value == "applied"
+        assert records["megatron.mtp_detach_inputs"].state.value == detach_state
+        if detach_state == "skipped":
+            assert records["megatron.mtp_detach_inputs"].reason.value == "opt_in"
+        assert GPTModel.__dict__["_postprocess"] is not originals[0]
+    finally:
+        engine.revert_all()
+    assert (GPTModel.__dict__["_postprocess"], MultiTokenPredictionLayer.__dict__["_get_embeddings"]) == originals

@@ -30,13 +30,13 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("empty_mtp_tracker")]
 def megatron_gpu() -> Iterator[None]:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from cpu_harness import _free_port
+    from cpu_harness import free_port
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     torch.cuda.set_device(0)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(_free_port())
+    os.environ["MASTER_PORT"] = str(free_port())
     torch.distributed.init_process_group(backend="nccl", rank=0, world_size=1)
     parallel_state.initialize_model_parallel()
     model_parallel_cuda_manual_seed(1234)
