@@ -2,39 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import pytest
 import torch
-from conftest import Batch
+from tiny_gpt import Batch
 
 ATOL = 1e-5
-
-
-@pytest.fixture
-def empty_mtp_tracker() -> Iterator[None]:
-    from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
-
-    MTPLossLoggingHelper.tracker.clear()
-    yield
-    MTPLossLoggingHelper.tracker.clear()
-
-
-@pytest.fixture
-def attached_mtp_losses(monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
-    """Every loss tensor handed to ``MTPLossAutoScaler.apply``, in call order (upstream's or ours)."""
-    from megatron.core.transformer.multi_token_prediction import MTPLossAutoScaler
-
-    recorded: list[torch.Tensor] = []
-    original_apply = MTPLossAutoScaler.apply
-
-    def recording_apply(output: torch.Tensor, mtp_loss: torch.Tensor) -> torch.Tensor:
-        recorded.append(mtp_loss.detach().clone())
-        return original_apply(output, mtp_loss)
-
-    monkeypatch.setattr(MTPLossAutoScaler, "apply", recording_apply)
-    return recorded
 
 
 def tracked_mtp_losses() -> torch.Tensor:

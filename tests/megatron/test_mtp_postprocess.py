@@ -15,13 +15,11 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import Batch
-from mtp_checks import (  # noqa: F401  (fixtures)
+from tiny_gpt import VOCAB_SIZE, Batch
+from mtp_checks import (
     ATOL,
     assert_attached_mtp_losses_match_upstream,
     assert_trainer_gradients_match_upstream,
-    attached_mtp_losses,
-    empty_mtp_tracker,
     mtp_parameters,
     outcome,
     run,
@@ -53,7 +51,6 @@ def test_patch_reports_the_variant_for_this_release(megatron_cpu: None) -> None:
 def test_forward_with_labels_returns_main_head_logits_batch_major(
     tiny_gpt: Callable[..., Any], batch: Batch, mtp_num_layers: int
 ) -> None:
-    from conftest import VOCAB_SIZE
 
     model = tiny_gpt(mtp_num_layers=mtp_num_layers)
     upstream_loss = run(model, batch).detach()
@@ -128,7 +125,6 @@ def test_labels_none_behaves_exactly_like_upstream(
 
 
 def test_eval_mode_with_labels_returns_logits_and_logs_nothing(tiny_gpt: Callable[..., Any], batch: Batch) -> None:
-    from conftest import VOCAB_SIZE
     from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
 
     model = tiny_gpt(mtp_num_layers=1).eval()
@@ -172,7 +168,6 @@ def test_packed_sequences_roll_mtp_labels_like_upstream(
 ) -> None:
     # Local attention cannot run packed (THD) sequences on CPU, so the postprocess is driven
     # directly with decoder + MTP hidden states, as a THD forward would hand them over.
-    from conftest import VOCAB_SIZE
     from megatron.core.packed_seq_params import PackedSeqParams
     from megatron.core.transformer.multi_token_prediction import roll_tensor
 

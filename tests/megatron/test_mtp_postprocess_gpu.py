@@ -12,12 +12,10 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import VOCAB_SIZE, Batch, build_tiny_gpt, make_batch
-from mtp_checks import (  # noqa: F401  (fixtures)
+from tiny_gpt import VOCAB_SIZE, Batch, build_tiny_gpt, make_batch
+from mtp_checks import (
     assert_attached_mtp_losses_match_upstream,
     assert_trainer_gradients_match_upstream,
-    attached_mtp_losses,
-    empty_mtp_tracker,
     run,
 )
 
