@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Mapping, NamedTuple
 
 from .declaration import Patch, Variant
 from .errors import DeclarationError
@@ -28,8 +27,7 @@ class Availability(Enum):
     DEFERRED = "deferred"
 
 
-@dataclass(frozen=True)
-class InstalledVersion:
+class InstalledVersion(NamedTuple):
     availability: Availability
     version: "Version | None" = None
     raw: str | None = None
@@ -121,8 +119,7 @@ class Outcome(Enum):
     UNSUPPORTED = "unsupported"
 
 
-@dataclass(frozen=True)
-class Selection:
+class Selection(NamedTuple):
     outcome: Outcome
     variant: Variant | None = None
     #: For UNSUPPORTED: the variant nearest the installed versions, which PATCHKIT_FORCE applies.
