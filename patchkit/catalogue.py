@@ -64,7 +64,7 @@ def load(package_name: str = CATALOGUE_PACKAGE) -> tuple[list[Registered], list[
     for module_name in _declaration_modules(package_name):
         try:
             module = importlib.import_module(module_name)
-            patches = tuple(getattr(module, "PATCHES"))
+            patches = tuple(module.PATCHES)
             for patch in patches:
                 if not isinstance(patch, Patch):
                     raise DeclarationError(f"{module_name}.PATCHES must hold Patch objects, got {patch!r}")

@@ -184,4 +184,4 @@ def validate(patch: Patch) -> None:
         for action in variant.installs:
             if not isinstance(action, (Replace, Wrap, Add, Call)):
                 raise DeclarationError(f"{patch.id}: {action!r} is not an action (Replace, Wrap, Add, Call)")
-            action.targets  # raises on a malformed target path
+            _ = action.targets  # parsing raises on a malformed target path

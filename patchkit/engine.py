@@ -13,6 +13,7 @@ import contextlib
 import fnmatch
 import importlib
 import logging
+import os
 import sys
 import threading
 import weakref
@@ -119,7 +120,8 @@ class Engine:
         if entry is None:
             import difflib
 
-            raise UnknownPatchError(variable, patch_id, difflib.get_close_matches(patch_id, self.ids(), n=3, cutoff=0.5))
+            close = difflib.get_close_matches(patch_id, self.ids(), n=3, cutoff=0.5)
+            raise UnknownPatchError(variable, patch_id, close)
         return entry
 
     # -- applying -------------------------------------------------------------------------------
@@ -221,7 +223,7 @@ class Engine:
         if explicit is not None:
             return explicit
         try:
-            env = __import__("os").environ if environ is None else environ
+            env = os.environ if environ is None else environ
             return settings_module.parse_bool(settings_module.STRICT, env.get(settings_module.STRICT, ""))
         except ConfigError:
             return False

@@ -149,8 +149,8 @@ def install_all(patch_id: str, actions: tuple[Action, ...], package: str | None)
             rollback(done)
             if isinstance(exc, (TargetResolutionError, KeyboardInterrupt, SystemExit)):
                 raise
-            target = getattr(action, "target", None) or getattr(action, "after", "?")
-            raise PatchInstallError(patch_id, target, exc) from exc
+            where = action.after if isinstance(action, Call) else action.target
+            raise PatchInstallError(patch_id, where, exc) from exc
     return done
 
 

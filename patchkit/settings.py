@@ -139,5 +139,6 @@ def check_known(settings: Settings, known_ids: Sequence[str]) -> list[str]:
             elif pattern not in known_ids:
                 import difflib
 
-                raise UnknownPatchError(variable, pattern, difflib.get_close_matches(pattern, known_ids, n=3, cutoff=0.5))
+                close = difflib.get_close_matches(pattern, known_ids, n=3, cutoff=0.5)
+                raise UnknownPatchError(variable, pattern, close)
     return warnings
