@@ -51,6 +51,14 @@ for _name, _env in MATRIX["environments"].items():
     nox.session(name=f"tests-{_name}", tags=["ci"] if _env.get("ci") else [])(_tests_session(_name, _env))
 
 
+@nox.session(tags=["ci"])
+def lint(session: nox.Session) -> None:
+    """ruff over everything, mypy --strict over the engine."""
+    session.install("ruff", "mypy", "-e", ".")
+    session.run("ruff", "check", "patchkit", "patches", "tests", "benchmarks", "noxfile.py")
+    session.run("mypy")
+
+
 @nox.session(tags=["ci"], venv_backend="none")
 def summary(session: nox.Session) -> None:
     """Add up the junit reports of the environments that ran, as one closing line."""

@@ -41,6 +41,13 @@ def best_ns(stmt, setup_globals) -> float:
     return min(timer.repeat(repeat=REPEATS, number=CALLS)) / CALLS * 1e9
 
 
+def engine_with(action) -> Engine:
+    """An engine holding one patch of ``action``; ``packaging`` stands in as an installed distribution."""
+    patch = Patch(id="bench.call", summary="", why="", upstream="", removal="",
+                  variants=(Variant(requires={"packaging": ">=0"}, installs=(action,)),))
+    return Engine([Registered(patch, None)])
+
+
 def main() -> None:
     module = types.ModuleType("bench_upstream")
     module.Model = Model
@@ -51,21 +58,15 @@ def main() -> None:
     direct_ns = best_ns("model.forward(1)", {"model": model})
     Model.forward = original
 
-    engine = Engine([Registered(Patch(id="bench.replace", summary="", why="", upstream="", removal="",
-                                      variants=(Variant(requires={"packaging": ">=0"},
-                                                        installs=(Replace("bench_upstream:Model.forward", replacement),)),)),
-                                None)])
-    engine.apply_all()
+    for_replace = engine_with(Replace("bench_upstream:Model.forward", replacement))
+    for_replace.apply_all()
     replaced_ns = best_ns("model.forward(1)", {"model": model})
-    engine.revert_all()
+    for_replace.revert_all()
 
-    wrap_engine = Engine([Registered(Patch(id="bench.wrap", summary="", why="", upstream="", removal="",
-                                           variants=(Variant(requires={"packaging": ">=0"},
-                                                             installs=(Wrap("bench_upstream:Model.forward", delegate),)),)),
-                                     None)])
-    wrap_engine.apply_all()
+    for_wrap = engine_with(Wrap("bench_upstream:Model.forward", delegate))
+    for_wrap.apply_all()
     wrapped_ns = best_ns("model.forward(1)", {"model": model})
-    wrap_engine.revert_all()
+    for_wrap.revert_all()
 
     def wrapper(wrapped, instance, args, kwargs):
         return wrapped(*args, **kwargs) + 1
@@ -75,7 +76,8 @@ def main() -> None:
 
     sys.stdout.write(
         f"per call, best of {REPEATS}x{CALLS}: replacement installed by hand {direct_ns:.0f} ns; "
-        f"patchkit Replace {replaced_ns:.0f} ns ({replaced_ns - direct_ns:+.0f} ns, ratio {replaced_ns / direct_ns:.2f}x); "
+        f"patchkit Replace {replaced_ns:.0f} ns ({replaced_ns - direct_ns:+.0f} ns, "
+        f"ratio {replaced_ns / direct_ns:.2f}x); "
         f"patchkit Wrap closure {wrapped_ns:.0f} ns ({wrapped_ns - direct_ns:+.0f} ns); "
         f"wrapt FunctionWrapper {wrapt_ns:.0f} ns ({wrapt_ns - direct_ns:+.0f} ns)\n"
     )
