@@ -57,8 +57,9 @@ def assert_attached_mtp_losses_match_upstream(
     model: Any, batch: Batch, attached: list[torch.Tensor], mtp_num_layers: int
 ) -> None:
     """Run unpatched then patched on the same weights; attached and logged MTP losses must agree."""
-    import patchkit
     from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
+
+    import patchkit
 
     run(model, batch)
     upstream_attached = list(attached)
@@ -70,7 +71,7 @@ def assert_attached_mtp_losses_match_upstream(
         run(model, batch)
     assert len(upstream_attached) == mtp_num_layers
     assert len(attached) == mtp_num_layers
-    for depth, (ours, theirs) in enumerate(zip(attached, upstream_attached)):
+    for depth, (ours, theirs) in enumerate(zip(attached, upstream_attached, strict=True)):
         assert ours.abs().sum() > 0, f"depth {depth + 1} attached an all-zero loss"
         torch.testing.assert_close(ours, theirs, atol=ATOL, rtol=0, msg=f"depth {depth + 1}")
     torch.testing.assert_close(tracked_mtp_losses(), upstream_tracked, atol=ATOL, rtol=0)

@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_gpt import VOCAB_SIZE, Batch
 from mtp_checks import (
     ATOL,
     assert_attached_mtp_losses_match_upstream,
@@ -26,6 +25,7 @@ from mtp_checks import (
     token_loss_from_logits,
 )
 from packaging.version import Version
+from tiny_gpt import VOCAB_SIZE, Batch
 
 import patchkit
 
@@ -197,11 +197,11 @@ def test_packed_sequences_roll_mtp_labels_like_upstream(
         ours = attached(packed)
         ours_unpacked = attached(None)
     assert len(ours) == len(upstream) == mtp_num_layers
-    for depth, (mine, theirs) in enumerate(zip(ours, upstream)):
+    for depth, (mine, theirs) in enumerate(zip(ours, upstream, strict=True)):
         torch.testing.assert_close(mine, theirs, atol=ATOL, rtol=0, msg=f"depth {depth + 1}")
     if "packed_seq_params" in inspect.signature(roll_tensor).parameters:
         # Where upstream rolls per sequence, so must the patch: ignoring the packing would differ.
-        assert not all(torch.allclose(a, b) for a, b in zip(ours, ours_unpacked))
+        assert not all(torch.allclose(a, b) for a, b in zip(ours, ours_unpacked, strict=True))
 
 
 @pytest.mark.parametrize(
@@ -213,7 +213,6 @@ def test_apply_all_installs_postprocess_by_default_and_detach_only_when_enabled(
 ) -> None:
     from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.transformer.multi_token_prediction import MultiTokenPredictionLayer
-
     from patchkit.patches.megatron import mtp_postprocess as declaration
 
     originals = (GPTModel.__dict__["_postprocess"], MultiTokenPredictionLayer.__dict__["_get_embeddings"])
