@@ -205,11 +205,11 @@ def test_packed_sequences_roll_mtp_labels_like_upstream(
 
 
 @pytest.mark.parametrize(
-    ("environ", "detach_state"),
+    ("environ", "expected_state"),
     [({}, "skipped"), ({"PATCHKIT_ENABLE": "megatron.mtp_*"}, "applied")],
 )
-def test_apply_all_installs_postprocess_by_default_and_detach_only_when_enabled(
-    megatron_cpu: None, environ: dict[str, str], detach_state: str
+def test_apply_all_installs_both_mtp_patches_only_when_enabled(
+    megatron_cpu: None, environ: dict[str, str], expected_state: str
 ) -> None:
     from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.transformer.multi_token_prediction import MultiTokenPredictionLayer
@@ -221,11 +221,11 @@ def test_apply_all_installs_postprocess_by_default_and_detach_only_when_enabled(
         engine.register(patch, "patchkit.patches.megatron")
     try:
         records = {record.id: record for record in engine.apply_all(environ=environ)}
-        assert records["megatron.mtp_postprocess"].state.value == "applied"
-        assert records["megatron.mtp_detach_inputs"].state.value == detach_state
-        if detach_state == "skipped":
-            assert records["megatron.mtp_detach_inputs"].reason.value == "opt_in"
-        assert GPTModel.__dict__["_postprocess"] is not originals[0]
+        for patch_id in ("megatron.mtp_postprocess", "megatron.mtp_detach_inputs"):
+            assert records[patch_id].state.value == expected_state
+            if expected_state == "skipped":
+                assert records[patch_id].reason.value == "opt_in"
+        assert (GPTModel.__dict__["_postprocess"] is not originals[0]) == (expected_state == "applied")
     finally:
         engine.revert_all()
     assert (GPTModel.__dict__["_postprocess"], MultiTokenPredictionLayer.__dict__["_get_embeddings"]) == originals
