@@ -1,4 +1,4 @@
-"""patchkit's refit of recorded NVFP4 layers and of KV-cache scales (vLLM 0.12-0.29).
+"""patchkit's refit of recorded NVFP4 layers and of KV-cache scales (vLLM 0.12-0.33).
 
 The sequence mirrors what vLLM's own layerwise reload (``model_loader/reload``, 0.16+) does for
 one layer, done model-wide and all-or-nothing:
@@ -6,10 +6,11 @@ one layer, done model-wide and all-or-nothing:
 1. ``prepare``: put fresh checkpoint-format parameters (recorded class, dims and weight loader) in
    place of the kernel tensors, each loader wrapped to check dtypes, name the layer and parameter
    in errors, and count the elements it writes (as vLLM's reload does with ``copy_``), so a
-   missing or short tensor is caught even where an upstream loader copies it without complaint. Attention layers with a KV-cache method get their scale
-   parameters back through the method's own ``create_weights``.
+   missing or short tensor is caught even where an upstream loader copies it without complaint.
+   Attention layers with a KV-cache method get their scale parameters back through the method's
+   own ``create_weights``.
 2. the caller runs ``model.load_weights`` (vLLM's loaders fill the staged parameters).
-3. ``finish``: check every staged parameter was loaded in full; run upstream
+3. ``finish``: check every staged parameter got what the original load wrote; run upstream
    ``process_weights_after_loading`` on every staged layer; check the new kernel tensors match the
    old ones; only then copy them into the old kernel tensors (addresses captured by CUDA graphs
    stay valid) and put the old tensor objects back. Any failure before the copy restores every
@@ -21,10 +22,10 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Iterator
-from typing import Any
 
 import torch
 
+from ._refit_loaders import wrap_counting_loader
 from ._refit_state import (
     STATE_ATTR,
     KernelTensors,
@@ -36,7 +37,6 @@ from ._refit_state import (
     restore_method_state,
     shape_text,
 )
-from ._refit_loaders import wrap_counting_loader
 from .refit import RefitError
 
 logger = logging.getLogger(__name__)
@@ -57,10 +57,14 @@ def prepare(model: torch.nn.Module) -> None:
         hasattr(layer, _KV_STAGING_ATTR) for _, layer in kv_layers
     ):
         raise RefitError("a refit is already prepared on this model; finish or abort it first")
-    for name, layer, state in layers:
-        _stage_layer(name, layer, state)
-    for name, layer in kv_layers:
-        _stage_kv_scales(name, layer)
+    try:
+        for name, layer, state in layers:
+            _stage_layer(name, layer, state)
+        for name, layer in kv_layers:
+            _stage_kv_scales(name, layer)
+    except BaseException:
+        abort(model)
+        raise
     logger.debug("prepared refit of %d NVFP4 layers, %d KV-scale layers", len(layers), len(kv_layers))
 
 
@@ -128,8 +132,8 @@ def _check_dtype(layer_name: str, name: str, target: torch.Tensor, loaded_weight
 
 
 def finish(model: torch.nn.Module) -> None:
-    layers = [(n, l, s) for n, l, s in _recorded_layers(model) if s.staging is not None]
-    kv_layers = [(n, l) for n, l in _kv_scale_layers(model) if hasattr(l, _KV_STAGING_ATTR)]
+    layers = [entry for entry in _recorded_layers(model) if entry[2].staging is not None]
+    kv_layers = [(name, layer) for name, layer in _kv_scale_layers(model) if hasattr(layer, _KV_STAGING_ATTR)]
     try:
         _check_all_loaded(layers)
         processed = [(name, layer, state, _process(name, layer, state)) for name, layer, state in layers]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import patchkit
-from patchkit import State
 
 from .refit import PATCH_ID, RefitError
 

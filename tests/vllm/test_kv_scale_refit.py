@@ -12,10 +12,8 @@ import itertools
 
 import pytest
 import torch
-
-from patchkit.patches.vllm.refit import RefitError, refit
-
 from nvfp4_helpers import exact_activations, items, linear_checkpoint, linear_reference, process_weights_after_loading
+from patchkit.patches.vllm.refit import RefitError, refit
 
 _model_numbers = itertools.count()  # attention layers register by name in vLLM's forward context
 

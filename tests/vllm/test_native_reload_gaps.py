@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from nvfp4_helpers import DOWN, TwoLinears, assert_serves, items, process_weights_after_loading, weights_a, weights_b
 
 reload = pytest.importorskip("vllm.model_executor.model_loader.reload")
@@ -39,7 +38,9 @@ def test_native_reload_serves_good_weights_in_the_same_tensors(cpu_nvfp4_kernels
     assert {n: p.data_ptr() for n, p in model.named_parameters()} == ptrs
 
 
-def test_native_reload_with_a_wrong_shape_leaves_the_layer_unusable(cpu_nvfp4_kernels: None, vllm_config: object) -> None:
+def test_native_reload_with_a_wrong_shape_leaves_the_layer_unusable(
+    cpu_nvfp4_kernels: None, vllm_config: object
+) -> None:
     model = natively_loaded()
     bad = weights_b()
     bad[f"{DOWN}.weight"] = bad[f"{DOWN}.weight"][:, :8].contiguous()

@@ -12,9 +12,6 @@ from collections.abc import Callable
 
 import pytest
 import torch
-
-from patchkit.patches.vllm.refit import RefitError, abort_refit, finish_refit, prepare_refit, refit
-
 from nvfp4_helpers import (
     DOWN,
     UP,
@@ -28,6 +25,7 @@ from nvfp4_helpers import (
     weights_a,
     weights_b,
 )
+from patchkit.patches.vllm.refit import RefitError, abort_refit, finish_refit, prepare_refit, refit
 
 
 def kernel_view(model: TwoLinears) -> dict[str, tuple[int, int, object]]:

@@ -12,10 +12,8 @@ import itertools
 
 import pytest
 import torch
-
-from patchkit.patches.vllm.refit import RefitError, refit
-
 from nvfp4_helpers import dequantize, items, process_weights_after_loading, random_nvfp4
+from patchkit.patches.vllm.refit import RefitError, refit
 
 EXPERTS, HIDDEN, INTERMEDIATE = 4, 64, 32
 

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from patchkit.patches.vllm.refit import refit
-
 from nvfp4_helpers import dequantize, items, linear_checkpoint, process_weights_after_loading
+from patchkit.patches.vllm.refit import refit
 
 pytestmark = [
     pytest.mark.gpu,
