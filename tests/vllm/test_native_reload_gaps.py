@@ -56,8 +56,8 @@ def test_native_reload_with_a_missing_parameter_does_not_keep_the_old_weights(
     cpu_nvfp4_kernels: None, vllm_config: object
 ) -> None:
     """0.29: no error, and the layer serves neither checkpoint (processed from uninitialised
-    memory). 0.32: a RuntimeError (NaN sentinel) that names no refit parameter, and the layer is
-    left unable to serve the previous weights."""
+    memory). 0.32: a RuntimeError from the NaN sentinel of the unloaded scale, after which the
+    layer no longer serves the previous weights."""
     model = natively_loaded()
     partial = weights_b()
     del partial[f"{DOWN}.weight_scale"]
