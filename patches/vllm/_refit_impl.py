@@ -131,6 +131,7 @@ def _check_dtype(layer_name: str, name: str, target: torch.Tensor, loaded_weight
 # --- finish --------------------------------------------------------------------------------------
 
 
+@torch.no_grad()
 def finish(model: torch.nn.Module) -> None:
     layers = [entry for entry in _recorded_layers(model) if entry[2].staging is not None]
     kv_layers = [(name, layer) for name, layer in _kv_scale_layers(model) if hasattr(layer, _KV_STAGING_ATTR)]
