@@ -1,0 +1,23 @@
+"""Fixtures for process tests; the toy distribution they patch is described in procs_toy.py."""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Iterator
+
+import pytest
+
+from patchkit.launcher import hook_installed
+from procs_toy import TOY_FILES, Toy
+
+
+@pytest.fixture(scope="session")
+def toy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Toy]:
+    if hook_installed() is None:
+        pytest.fail("patchkit's start-up hook is not installed in this interpreter: "
+                    "install patchkit with `pip install -e .` or `pip install .`")
+    site = tmp_path_factory.mktemp("toy-site")
+    for name, text in TOY_FILES.items():
+        (site / name).parent.mkdir(parents=True, exist_ok=True)
+        (site / name).write_text(textwrap.dedent(text).lstrip())
+    yield Toy(site)
