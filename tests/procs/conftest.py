@@ -7,6 +7,8 @@ from typing import Iterator
 
 import pytest
 
+from patchkit import settings
+from patchkit.autoload import ACTIVE_MARKER
 from patchkit.launcher import hook_installed
 from procs_toy import TOY_FILES, Toy
 
@@ -21,3 +23,10 @@ def toy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Toy]:
         (site / name).parent.mkdir(parents=True, exist_ok=True)
         (site / name).write_text(textwrap.dedent(text).lstrip())
     yield Toy(site)
+
+
+@pytest.fixture(autouse=True)
+def _clean_patchkit_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests in this process see no PATCHKIT_* variable they did not set themselves."""
+    for name in (*settings.VARIABLES, ACTIVE_MARKER):
+        monkeypatch.delenv(name, raising=False)
