@@ -192,7 +192,7 @@ def check_distributed(*, group: Any = None, strict: bool | None = None, exact: b
     mine = manifest if manifest is not None else collect(rank=dist.get_rank())
     gathered: list[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(gathered, mine.to_dict(), group=group)
-    is_first = dist.get_rank(group) == 0 if group is not None else dist.get_rank() == 0
+    is_first = dist.get_rank(group) == 0
     return check([Manifest.from_dict(data) for data in gathered], strict=strict, exact=exact,
                  report_path=report_path if is_first else None, publish=is_first)
 

@@ -7,10 +7,13 @@ imports Ray: the helpers build dicts and call methods on handles the caller pass
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from .launcher import autoload_variables
 from .manifest import Manifest, collect
+
+if TYPE_CHECKING:
+    from .consistency import Report
 
 #: The method :func:`check_actors` calls on each actor (see :class:`ManifestReporter`).
 MANIFEST_METHOD = "patchkit_manifest"
@@ -53,7 +56,7 @@ def gather(actors: Iterable[Any], *, method: str = MANIFEST_METHOD, include_driv
 
 
 def check_actors(actors: Iterable[Any], *, method: str = MANIFEST_METHOD, include_driver: bool = True,
-                 **options: Any) -> "Any":
+                 **options: Any) -> "Report":
     """``patchkit.consistency.check`` over the driver and these actors; ``options`` as for ``check``."""
     from .consistency import check
 
