@@ -18,7 +18,7 @@ import logging
 import os
 import sys
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from . import settings
@@ -55,7 +55,7 @@ class Outcome:
     #: Why autoload did not run, when it did not.
     skipped: str = ""
     extra_modules: tuple[str, ...] = ()
-    problems: tuple[str, ...] = field(default_factory=tuple)
+    problems: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"ran": self.ran, "skipped": self.skipped, "extra_modules": list(self.extra_modules),
@@ -93,8 +93,11 @@ def register_extra_patches(environ: Mapping[str, str] | None = None) -> tuple[tu
             if not all(isinstance(patch, Patch) for patch in patches):
                 raise DeclarationError(f"{name}.PATCHES must hold Patch objects")
             known = set(eng.ids())
+            clashes = [p.id for p in patches if p.id in known and eng.patch(p.id) is not p]
+            if clashes:
+                raise DeclarationError(f"{name} declares patch ids already registered: {', '.join(clashes)}")
             for patch in patches:
-                if patch.id not in known:  # registered already: an earlier load in this process
+                if patch.id not in known:  # else the same object, registered by an earlier load here
                     eng.register(patch, name.rpartition(".")[0] or None)
         except Exception as exc:  # one broken module must not keep the others out
             problems.append(f"{settings.EXTRA_PATCHES}: cannot register patches from {name}: {exc!r}")

@@ -49,6 +49,7 @@ def test_autoload_does_not_import_torch(toy):
     ({**AUTOLOAD, "PATCHKIT_EXTRA_PATCHES": "pkproc_toy/patches"}, "PATCHKIT_EXTRA_PATCHES='pkproc_toy/patches'"),
     ({**AUTOLOAD, "PATCHKIT_EXTRA_PATCHES": "pkproc_toy.nosuch,pkproc_toy.patches"}, "pkproc_toy.nosuch"),
     ({**AUTOLOAD, "PATCHKIT_EXTRA_PATCHES": "pkproc_toy.failing"}, "toy patch exploded at start-up"),
+    ({**AUTOLOAD, "PATCHKIT_EXTRA_PATCHES": "pkproc_toy.patches,pkproc_toy.clash"}, "already registered: toy.forward"),
 ])
 def test_a_bad_value_or_a_failing_patch_is_reported_and_the_interpreter_starts(toy, variables, named):
     code = "import json, patchkit.autoload as a; print('user code ran'); print(json.dumps(a.outcome().to_dict()))"
