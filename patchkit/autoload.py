@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from . import settings
-from .declaration import Patch
+from .declaration import Patch, validate
 from .errors import ConfigError, DeclarationError, PatchkitError
 from .status import Reason, State
 
@@ -89,15 +89,17 @@ def register_extra_patches(environ: Mapping[str, str] | None = None) -> tuple[tu
     for name in modules:
         try:
             module = importlib.import_module(name)
-            patches = tuple(getattr(module, "PATCHES"))
+            patches = tuple(module.PATCHES)
             if not all(isinstance(patch, Patch) for patch in patches):
                 raise DeclarationError(f"{name}.PATCHES must hold Patch objects")
+            for patch in patches:  # all valid, or none registered
+                validate(patch)
             known = set(eng.ids())
-            clashes = [p.id for p in patches if p.id in known and eng.patch(p.id) is not p]
+            clashes = [p.id for p in patches if p.id in known and eng.patch(p.id) != p]
             if clashes:
                 raise DeclarationError(f"{name} declares patch ids already registered: {', '.join(clashes)}")
             for patch in patches:
-                if patch.id not in known:  # else the same object, registered by an earlier load here
+                if patch.id not in known:  # else the same declaration, registered by an earlier call
                     eng.register(patch, name.rpartition(".")[0] or None)
         except Exception as exc:  # one broken module must not keep the others out
             problems.append(f"{settings.EXTRA_PATCHES}: cannot register patches from {name}: {exc!r}")

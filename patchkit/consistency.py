@@ -12,6 +12,7 @@ holding something else is named, with each field that differs.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import os
@@ -19,7 +20,7 @@ import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Sequence
 
 from . import settings
 from .errors import ConfigError, PatchkitError
@@ -140,7 +141,7 @@ def _labels(manifests: Sequence[Manifest]) -> Iterable[str]:
 def _value(entry: Any, exact: bool) -> dict[str, Any] | None:
     if entry is None:
         return None
-    value = entry.compared()
+    value: dict[str, Any] = entry.compared()
     if not exact and value["state"] == "pending":
         value["state"] = "applied"
     return value
@@ -184,7 +185,8 @@ def check_distributed(*, group: Any = None, strict: bool | None = None, exact: b
     the group alone logs it and writes ``report_path``. In strict mode every rank raises, so no rank
     is left waiting in a later collective.
     """
-    import torch.distributed as dist  # only here: importing patchkit must not import torch
+    # Imported only here: importing patchkit must not import torch.
+    dist = importlib.import_module("torch.distributed")
 
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError("check_distributed needs an initialised torch.distributed process group; "

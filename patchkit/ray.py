@@ -7,6 +7,7 @@ imports Ray: the helpers build dicts and call methods on handles the caller pass
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from .launcher import autoload_variables
@@ -40,7 +41,7 @@ class ManifestReporter:
 
 def gather(actors: Iterable[Any], *, method: str = MANIFEST_METHOD, include_driver: bool = True) -> list[Manifest]:
     """The manifests of the driver (first, if ``include_driver``) and of each actor."""
-    import ray  # the caller runs Ray already; imported here only to wait on the actor calls
+    ray = importlib.import_module("ray")  # the caller runs Ray already; needed only to wait on the calls
 
     pending = [getattr(actor, method).remote() for actor in actors]
     manifests = []

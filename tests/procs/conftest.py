@@ -6,11 +6,11 @@ import textwrap
 from typing import Iterator
 
 import pytest
+from procs_toy import TOY_FILES, Toy
 
 from patchkit import settings
 from patchkit.autoload import ACTIVE_MARKER
 from patchkit.launcher import hook_installed
-from procs_toy import TOY_FILES, Toy
 
 
 @pytest.fixture(scope="session")

@@ -84,11 +84,9 @@ TOY_FILES = {
     """,
     # A second declaration of toy.forward: a clash autoload must report, keeping the first.
     "pkproc_toy/clash.py": """
-        import dataclasses
-
         from pkproc_toy.patches import PATCHES as FIRST
 
-        PATCHES = (dataclasses.replace(FIRST[0], summary="a different toy.forward"),)
+        PATCHES = (FIRST[0]._replace(summary="a different toy.forward"),)
     """,
     "pkproc_toy-1.0.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: pkproc-toy\nVersion: 1.0.0\n",
 }

@@ -8,9 +8,9 @@ import subprocess
 import sys
 
 import pytest
+from procs_toy import AUTOLOAD, REPORT, TOY_PATCHES
 
 from patchkit.autoload import STRICT_EXIT_STATUS
-from procs_toy import AUTOLOAD, REPORT, TOY_PATCHES
 
 
 def test_without_the_variable_the_hook_imports_nothing_of_patchkit(toy):
@@ -97,21 +97,21 @@ def test_a_process_spawned_during_autoload_does_not_autoload_again(toy):
     assert seen["child"]["ran"] is False and seen["child"]["skipped"].startswith("spawned while process")
 
 
+CHILD_FORWARD = ("import subprocess, sys; from pkproc_toy.core import Model;"
+                 "child = subprocess.run([sys.executable, '-c', "
+                 "'from pkproc_toy.core import Model; print(Model().forward(1))'], capture_output=True, text=True);"
+                 "print(Model().forward(1), child.stdout.strip())")
+
+
 def test_processes_started_after_autoload_autoload_themselves(toy):
-    code = ("import subprocess, sys; from pkproc_toy.core import Model;"
-            "child = subprocess.run([sys.executable, '-c', 'from pkproc_toy.core import Model; print(Model().forward(1))'],"
-            " capture_output=True, text=True);"
-            "print(Model().forward(1), child.stdout.strip())")
+    code = CHILD_FORWARD
     result = toy.python(code, **AUTOLOAD)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["1001", "1001"]
 
 
 def test_patchkit_run_makes_the_whole_tree_autoload_and_returns_the_exit_status(toy):
-    code = ("import subprocess, sys; from pkproc_toy.core import Model;"
-            "child = subprocess.run([sys.executable, '-c', 'from pkproc_toy.core import Model; print(Model().forward(1))'],"
-            " capture_output=True, text=True);"
-            "print(Model().forward(1), child.stdout.strip()); sys.exit(7)")
+    code = CHILD_FORWARD + "; sys.exit(7)"
     result = subprocess.run([sys.executable, "-m", "patchkit", "run", "--", sys.executable, "-c", code],
                             capture_output=True, text=True, timeout=120, env=toy.env(**TOY_PATCHES))
     assert result.returncode == 7, result.stderr

@@ -32,7 +32,8 @@ def test_the_odd_rank_out_is_named_with_the_patch_and_each_differing_field():
     assert report.differing_processes() == ["rank 2"] and report.differing_patches() == ["toy.forward"]
     fields = {d.field: (d.expected, d.found) for d in report.differences}
     assert fields == {"state": ("applied", "skipped"), "reason": (None, "disabled"), "variant": ("v1", None)}
-    assert "rank 2: toy.forward: state 'skipped', the others 'applied' (disabled by PATCHKIT_DISABLE)" in report.render()
+    expected = "rank 2: toy.forward: state 'skipped', the others 'applied' (disabled by PATCHKIT_DISABLE)"
+    assert expected in report.render()
 
 
 def test_when_rank_zero_is_the_odd_one_out_it_is_rank_zero_that_is_named():

@@ -8,7 +8,6 @@ import json
 import textwrap
 
 import pytest
-
 from procs_toy import TOY_PATCHES
 
 pytest.importorskip("ray")

@@ -13,7 +13,6 @@ import sys
 import textwrap
 
 import pytest
-
 from procs_toy import TOY_PATCHES
 
 pytest.importorskip("torch.distributed")
