@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -37,17 +38,26 @@ def make_venv(path: Path, requirements: list[str]) -> Path:
     return python
 
 
-def start_once(python: Path, env: dict[str, str]) -> float:
-    started = time.perf_counter()
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def start_once(python: Path, env: dict[str, str]) -> tuple[float, float]:
+    """Wall and CPU seconds of one ``python -c pass``. CPU time is far less disturbed by other work
+    on a shared machine than wall time."""
+    cpu, started = _children_cpu(), time.perf_counter()
     subprocess.run([str(python), "-c", "pass"], check=True, env=env)
-    return time.perf_counter() - started
+    return time.perf_counter() - started, _children_cpu() - cpu
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=200, help="start-ups per interpreter (default 200)")
     args = parser.parse_args()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PATCHKIT_") and k != "PYTHONPATH"}
+    # Cached bytecode, as users get it: some shells export PYTHONDONTWRITEBYTECODE.
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("PATCHKIT_") and k not in ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE")}
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp:
         with_patchkit = make_venv(Path(tmp, "with"), [str(ROOT), *DEPENDENCIES])
         without_patchkit = make_venv(Path(tmp, "without"), DEPENDENCIES)
@@ -59,7 +69,7 @@ def main() -> None:
         for python in pythons.values():  # warm the page cache before timing
             for _ in range(5):
                 start_once(python, env)
-        times: dict[str, list[float]] = {name: [] for name in pythons}
+        times: dict[str, list[tuple[float, float]]] = {name: [] for name in pythons}
         order = list(pythons)
         for _ in range(args.repeats):
             order = order[1:] + order[:1]  # each venv takes each position in turn
@@ -67,15 +77,21 @@ def main() -> None:
                 times[name].append(start_once(pythons[name], env))
         autoload_on = [start_once(with_patchkit, {**env, "PATCHKIT_AUTOLOAD": "1"})
                        for _ in range(max(10, args.repeats // 4))]
-    median = {name: statistics.median(values) * 1e3 for name, values in times.items()}
-    on_ms = statistics.median(autoload_on) * 1e3
+    wall = {name: statistics.median(t[0] for t in values) * 1e3 for name, values in times.items()}
+    cpu = {name: statistics.median(t[1] for t in values) * 1e3 for name, values in times.items()}
+    on_wall = statistics.median(t[0] for t in autoload_on) * 1e3
+    on_cpu = statistics.median(t[1] for t in autoload_on) * 1e3
     print(f"interpreter start-up, median of {args.repeats} interleaved runs of `python -c pass`:")
-    print(f"  without patchkit                              {median['without']:7.2f} ms")
-    print(f"  control (a second venv without patchkit)      {median['control']:7.2f} ms")
-    print(f"  patchkit installed, PATCHKIT_AUTOLOAD unset   {median['with']:7.2f} ms")
-    print(f"  ratio installed / without                     {median['with'] / median['without']:7.3f}")
-    print(f"  ratio control / without (noise floor)         {median['control'] / median['without']:7.3f}")
-    print(f"  for scale, PATCHKIT_AUTOLOAD=1                {on_ms:7.2f} ms")
+    print(f"  {'':44} {'wall ms':>8} {'cpu ms':>8}")
+    rows = [("without patchkit", "without"), ("control (a second venv without patchkit)", "control"),
+            ("patchkit installed, PATCHKIT_AUTOLOAD unset", "with")]
+    for label, name in rows:
+        print(f"  {label:44} {wall[name]:8.2f} {cpu[name]:8.2f}")
+    print(f"  {'ratio installed / without':44} {wall['with'] / wall['without']:8.3f} "
+          f"{cpu['with'] / cpu['without']:8.3f}")
+    print(f"  {'ratio control / without (noise floor)':44} {wall['control'] / wall['without']:8.3f} "
+          f"{cpu['control'] / cpu['without']:8.3f}")
+    print(f"  {'for scale, PATCHKIT_AUTOLOAD=1':44} {on_wall:8.2f} {on_cpu:8.2f}")
 
 
 if __name__ == "__main__":
