@@ -47,7 +47,8 @@ def _run(args: argparse.Namespace) -> int:
 
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not command:
-        raise SystemExit("patchkit run: give the command after --, e.g. `patchkit run -- python train.py`")
+        sys.stderr.write("patchkit run: give the command after --, e.g. `patchkit run -- python train.py`\n")
+        return 2
     return run(command)
 
 
