@@ -4,6 +4,7 @@ when off, and that no failure or malformed value stops an interpreter from start
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -59,6 +60,18 @@ def test_a_bad_value_or_a_failing_patch_is_reported_and_the_interpreter_starts(t
     assert ran == "user code ran"
     assert named in result.stderr and "patchkit: autoload: 1 problem(s)" in result.stderr
     assert any(named in problem for problem in json.loads(outcome)["problems"])
+
+
+def test_an_unimportable_patchkit_does_not_stop_the_interpreter(toy, tmp_path):
+    # A patchkit shadowed by a broken copy earlier on the path: site reports the hook's error, goes on.
+    (tmp_path / "patchkit").mkdir()
+    (tmp_path / "patchkit" / "__init__.py").write_text("raise ImportError('broken patchkit copy')\n")
+    env = toy.env(**AUTOLOAD)
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
+    result = subprocess.run([sys.executable, "-c", "print('user code ran')"], capture_output=True, text=True,
+                            timeout=60, env=env)
+    assert result.returncode == 0 and result.stdout.strip() == "user code ran"
+    assert "zz_patchkit_autoload.pth" in result.stderr and "broken patchkit copy" in result.stderr
 
 
 def test_the_good_extra_module_still_applies_next_to_a_missing_one(toy):
