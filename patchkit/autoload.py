@@ -187,6 +187,7 @@ def run_at_startup() -> None:
                 _outcome = Outcome(ran=False, problems=(repr(exc),))
         assert _outcome is not None
         _report(_outcome, strict=_strict(None, None))
+        _write_manifests(os.environ.get(settings.MANIFEST_DIR, ""))
     except Exception:  # a bug here must still not stop the interpreter
         logger.exception("patchkit: autoload failed")
     finally:
@@ -194,6 +195,31 @@ def run_at_startup() -> None:
             del os.environ[ACTIVE_MARKER]
         if handler is not None:
             logging.getLogger("patchkit").removeHandler(handler)
+
+
+def _write_manifests(folder: str) -> None:
+    """With ``PATCHKIT_MANIFEST_DIR`` set, write this process's manifest there now and again at exit.
+
+    Now, because a process killed by its launcher runs no exit handler; at exit, because patches
+    pending now install when their upstream is imported later.
+    """
+    if not folder.strip():
+        return
+    import atexit
+    import socket
+
+    from .manifest import collect
+
+    path = os.path.join(folder, f"{socket.gethostname()}-{os.getpid()}.json")
+
+    def write() -> None:
+        try:
+            collect().write(path)
+        except Exception as exc:  # a full disk must not fail the user's process
+            logger.error("patchkit: cannot write the manifest to %s (%s): %r", path, settings.MANIFEST_DIR, exc)
+
+    write()
+    atexit.register(write)
 
 
 def _report(result: Outcome, strict: bool) -> None:

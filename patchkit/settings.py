@@ -21,6 +21,7 @@ FORCE = "PATCHKIT_FORCE"
 LOG_LEVEL = "PATCHKIT_LOG_LEVEL"
 AUTOLOAD = "PATCHKIT_AUTOLOAD"
 EXTRA_PATCHES = "PATCHKIT_EXTRA_PATCHES"
+MANIFEST_DIR = "PATCHKIT_MANIFEST_DIR"
 
 #: Documented in the README; every variable patchkit reads.
 VARIABLES: Mapping[str, str] = {
@@ -32,6 +33,8 @@ VARIABLES: Mapping[str, str] = {
     AUTOLOAD: "1/true/yes/on or 0/false/no/off: apply patches at every interpreter start (the .pth hook)",
     EXTRA_PATCHES: "comma-separated importable modules exposing PATCHES, registered by autoload "
                    "in addition to the catalogue",
+    MANIFEST_DIR: "a folder: every autoloaded process writes its manifest there (<host>-<pid>.json), "
+                  "at start-up and at exit",
 }
 
 _PATTERN_FORM = "comma-separated patch ids or globs, e.g. 'megatron.mtp_postprocess,vllm.*' or '*'"

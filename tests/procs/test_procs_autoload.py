@@ -145,3 +145,30 @@ def test_patchkit_run_reports_a_missing_command():
     result = subprocess.run([sys.executable, "-m", "patchkit", "run", "--", "no-such-command-pk"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 127 and "command not found: no-such-command-pk" in result.stderr
+
+
+def test_processes_write_manifests_to_a_folder_that_the_file_check_compares(toy, tmp_path):
+    folder = tmp_path / "manifests"
+    for extra in ({}, {}, {"PATCHKIT_DISABLE": "toy.forward"}):
+        result = toy.python(REPORT, PATCHKIT_MANIFEST_DIR=str(folder), **AUTOLOAD, **extra)
+        assert result.returncode == 0, result.stderr
+    written = sorted(folder.glob("*.json"))
+    assert len(written) == 3
+    disabled_pid = json.loads(result.stdout)["manifest"]["process"]["pid"]
+    check = subprocess.run([sys.executable, "-m", "patchkit.consistency", str(folder)],
+                           capture_output=True, text=True, timeout=60, env=toy.env())
+    assert check.returncode == 1
+    assert f":{disabled_pid}: toy.forward: state 'skipped', the others 'applied'" in check.stderr
+
+
+@pytest.mark.parametrize(("ending", "state"), [("", "applied"), ("; os._exit(0)", "pending")])
+def test_the_manifest_is_written_at_start_up_and_again_at_exit(toy, tmp_path, ending, state):
+    # At start-up the toy patch waits for pkproc_toy.core; the program imports it; the exit write
+    # shows it applied. A process killed before its exit handlers leaves the start-up manifest.
+    folder = tmp_path / "manifests"
+    code = "import os; print(os.getpid(), flush=True); from pkproc_toy.core import Model" + ending
+    result = toy.python(code, PATCHKIT_MANIFEST_DIR=str(folder), **AUTOLOAD)
+    assert result.returncode == 0, result.stderr
+    (written,) = folder.glob(f"*-{result.stdout.strip()}.json")
+    (entry,) = json.loads(written.read_text())["patches"]
+    assert entry["state"] == state
