@@ -16,6 +16,7 @@ import importlib
 import json
 import logging
 import os
+import socket
 import sys
 from collections import Counter
 from dataclasses import dataclass
@@ -167,10 +168,12 @@ def check(manifests: Sequence[Manifest], *, strict: bool | None = None, exact: b
 
 
 def check_files(paths: Iterable[str | os.PathLike[str]], **options: Any) -> Report:
-    """:func:`check` the manifests in these JSON files; a folder stands for every ``*.json`` in it."""
+    """:func:`check` the manifests in these JSON files; a folder stands for every ``*.json`` in it,
+    except the one this process itself wrote there under ``PATCHKIT_MANIFEST_DIR``."""
+    own = f"{socket.gethostname()}-{os.getpid()}.json"
     files: list[Path] = []
     for path in map(Path, paths):
-        files.extend(sorted(path.glob("*.json")) if path.is_dir() else [path])
+        files.extend(sorted(p for p in path.glob("*.json") if p.name != own) if path.is_dir() else [path])
     if not files:
         raise FileNotFoundError(f"no manifest files in {[str(p) for p in map(Path, paths)]}")
     return check([Manifest.read(file) for file in files], **options)

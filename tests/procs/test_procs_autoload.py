@@ -155,9 +155,11 @@ def test_processes_write_manifests_to_a_folder_that_the_file_check_compares(toy,
     written = sorted(folder.glob("*.json"))
     assert len(written) == 3
     disabled_pid = json.loads(result.stdout)["manifest"]["process"]["pid"]
-    check = subprocess.run([sys.executable, "-m", "patchkit.consistency", str(folder)],
-                           capture_output=True, text=True, timeout=60, env=toy.env())
+    # The checker runs in the job's environment: its own manifest lands in the folder, and is left out.
+    check = subprocess.run([sys.executable, "-m", "patchkit.consistency", str(folder)], capture_output=True,
+                           text=True, timeout=60, env=toy.env(PATCHKIT_MANIFEST_DIR=str(folder), **AUTOLOAD))
     assert check.returncode == 1
+    assert "1 of 3 processes differ" in check.stderr and len(list(folder.glob("*.json"))) == 4
     assert f":{disabled_pid}: toy.forward: state 'skipped', the others 'applied'" in check.stderr
 
 
