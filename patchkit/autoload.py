@@ -80,12 +80,12 @@ def register_extra_patches(environ: Mapping[str, str] | None = None) -> tuple[tu
     the module's package, as for the catalogue. A module that fails is reported and skipped; the
     others still register. Returns the module names and the problems met.
     """
-    from . import engine
+    from . import engine as default_engine  # the function: it shadows the module of that name
 
     env = os.environ if environ is None else environ
     modules = settings.parse_modules(settings.EXTRA_PATCHES, env.get(settings.EXTRA_PATCHES, ""))
     problems = []
-    eng = engine()
+    eng = default_engine()
     for name in modules:
         try:
             module = importlib.import_module(name)
@@ -112,7 +112,7 @@ def load(environ: Mapping[str, str] | None = None, *, strict: bool | None = None
     raises (``AutoloadError``, or the engine's own typed error); otherwise it is in the outcome.
     """
     global _outcome
-    from . import engine
+    from . import engine as default_engine  # the function: it shadows the module of that name
 
     with _lock:
         if _outcome is not None and _outcome.ran:
@@ -126,7 +126,7 @@ def load(environ: Mapping[str, str] | None = None, *, strict: bool | None = None
             _outcome = Outcome(ran=False, skipped="strict mode: extra patches unusable", problems=tuple(problems))
             raise AutoloadError(problems)
         try:
-            records = engine().apply_all(environ=environ, strict=strict)
+            records = default_engine().apply_all(environ=environ, strict=strict)
         except Exception as exc:  # strict mode raised: keep it in the outcome, then let it go on
             _outcome = Outcome(ran=True, extra_modules=modules, problems=tuple(problems + [repr(exc)]))
             raise

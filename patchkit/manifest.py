@@ -120,10 +120,13 @@ def collect(records: Iterable[PatchStatus] | None = None, *, rank: int | None = 
     ``rank`` defaults to the ``torch.distributed`` rank when a process group is initialised (torch
     already imported), else to the ``RANK`` environment variable launchers set, else None.
     """
-    from . import autoload, status
+    from . import autoload
+    from . import engine as default_engine  # the function: it shadows the module of that name
 
     outcome = autoload.outcome()
-    entries = tuple(Entry.from_status(record) for record in (status() if records is None else records))
+    if records is None:
+        records = default_engine().status()
+    entries = tuple(Entry.from_status(record) for record in records)
     return Manifest(entries=entries, process=_process(rank), autoload=outcome.to_dict() if outcome else None)
 
 
