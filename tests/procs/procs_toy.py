@@ -17,7 +17,7 @@ import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 from patchkit import settings
 from patchkit.autoload import ACTIVE_MARKER
@@ -125,3 +125,9 @@ class Toy:
 #: The toggles autoload needs to find the toy's patch.
 TOY_PATCHES = {"PATCHKIT_EXTRA_PATCHES": "pkproc_toy.patches"}
 AUTOLOAD = {"PATCHKIT_AUTOLOAD": "1", **TOY_PATCHES}
+
+
+def toy_entry(manifest: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The toy patch's entry in a manifest dict; the catalogue's own patches sit beside it."""
+    (entry,) = [e for e in manifest["patches"] if e["id"] == "toy.forward"]
+    return entry

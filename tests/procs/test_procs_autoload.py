@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from procs_toy import AUTOLOAD, REPORT, TOY_PATCHES
+from procs_toy import AUTOLOAD, REPORT, TOY_PATCHES, toy_entry
 
 from patchkit.autoload import STRICT_EXIT_STATUS
 
@@ -23,7 +23,7 @@ def test_without_the_variable_the_hook_imports_nothing_of_patchkit(toy):
 def test_autoload_applies_before_the_first_line_of_user_code(toy):
     report = toy.report(**AUTOLOAD)
     assert report["forward"] == 1001
-    (entry,) = report["manifest"]["patches"]
+    entry = toy_entry(report["manifest"])
     assert (entry["id"], entry["state"], entry["versions"]) == ("toy.forward", "applied", {"pkproc-toy": "1.0.0"})
     assert report["manifest"]["autoload"] == {"ran": True, "skipped": "", "extra_modules": ["pkproc_toy.patches"],
                                               "problems": []}
@@ -172,5 +172,5 @@ def test_the_manifest_is_written_at_start_up_and_again_at_exit(toy, tmp_path, en
     result = toy.python(code, PATCHKIT_MANIFEST_DIR=str(folder), **AUTOLOAD)
     assert result.returncode == 0, result.stderr
     (written,) = folder.glob(f"*-{result.stdout.strip()}.json")
-    (entry,) = json.loads(written.read_text())["patches"]
+    entry = toy_entry(json.loads(written.read_text()))
     assert entry["state"] == state

@@ -59,5 +59,7 @@ def test_spawned_child_without_autoload_is_reported_as_missing_the_patch(toy, tm
     assert seen["forward"] == [1001, 2]
     report = seen["report"]
     assert report["differing_processes"] == ["child"]
-    assert [(d["process"], d["patch"], d["field"], d["found"]) for d in report["differences"]] == \
-        [("child", "toy.forward", "presence", "absent")]
+    found = [(d["process"], d["patch"], d["field"], d["found"]) for d in report["differences"]]
+    assert ("child", "toy.forward", "presence", "absent") in found
+    # The child never ran apply_all: catalogue patches the parent skipped are only 'registered' there.
+    assert {state for _, patch, field, state in found if field == "state"} <= {"registered"}
