@@ -13,7 +13,6 @@ status :data:`STRICT_EXIT_STATUS`, before the user's program starts.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import sys
@@ -21,8 +20,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from . import settings
-from .declaration import Patch, validate
+from . import catalogue, settings
 from .errors import ConfigError, DeclarationError, PatchkitError
 from .status import Reason, State
 
@@ -88,12 +86,7 @@ def register_extra_patches(environ: Mapping[str, str] | None = None) -> tuple[tu
     eng = default_engine()
     for name in modules:
         try:
-            module = importlib.import_module(name)
-            patches = tuple(module.PATCHES)
-            if not all(isinstance(patch, Patch) for patch in patches):
-                raise DeclarationError(f"{name}.PATCHES must hold Patch objects")
-            for patch in patches:  # all valid, or none registered
-                validate(patch)
+            patches = catalogue.declarations(name)  # all valid, or none registered
             known = set(eng.ids())
             clashes = [p.id for p in patches if p.id in known and eng.patch(p.id) != p]
             if clashes:
