@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 from typing import Sequence
@@ -25,8 +26,11 @@ def _list(args: argparse.Namespace) -> int:
 
 def _status(args: argparse.Namespace) -> int:
     eng = default_engine()
-    eng.apply_all()
-    records = eng.status() if args.no_import else eng.import_targets()
+    # Upstreams print while being imported (vLLM's logger writes to stdout): keep stdout for our
+    # report, so `status --json` stays parseable.
+    with contextlib.redirect_stdout(sys.stderr):
+        eng.apply_all()
+        records = eng.status() if args.no_import else eng.import_targets()
     _write(status_json(records) if args.json else status_table(records))
     return 1 if any(r.state.value == "failed" for r in records) else 0
 
