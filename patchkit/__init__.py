@@ -1,1 +1,96 @@
+"""patchkit: versioned, reversible patches for Megatron-Core, Megatron-Bridge, ModelOpt and vLLM.
+
+Call :func:`apply_all` once at process start. ``import patchkit`` imports no upstream, no torch, and
+not the patch catalogue: the catalogue is loaded by the first call that needs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from typing import Mapping, Sequence
+
+from . import probing
+from .catalogue import Registered
+from .declaration import Add, Call, Patch, Replace, Target, Variant, Wrap
+from .engine import Engine
+from .errors import (
+    ConfigError,
+    DeclarationError,
+    ForeignWrapperError,
+    PatchInstallError,
+    PatchkitError,
+    TargetResolutionError,
+    UnknownPatchError,
+    UnsupportedVersionError,
+)
+from .status import PatchStatus, Reason, State
+
 __version__ = "0.1.0"
+
+__all__ = [
+    "Add", "Call", "ConfigError", "DeclarationError", "Engine", "ForeignWrapperError", "Patch",
+    "PatchInstallError", "PatchStatus", "PatchkitError", "Reason", "Registered", "Replace", "State",
+    "Target", "TargetResolutionError", "UnknownPatchError", "UnsupportedVersionError", "Variant", "Wrap",
+    "apply", "apply_all", "applied", "engine", "probing", "revert", "revert_all", "status",
+]
+
+logging.getLogger("patchkit").addHandler(logging.NullHandler())
+
+_engine: Engine | None = None
+_engine_lock = threading.Lock()
+
+
+def engine() -> Engine:
+    """The process-wide engine, loading the shipped catalogue on first use."""
+    global _engine
+    if _engine is None:
+        with _engine_lock:
+            if _engine is None:
+                from . import catalogue
+
+                patches, errors = catalogue.load()
+                _engine = Engine(patches, errors)
+    return _engine
+
+
+def apply_all(
+    *,
+    enable: Sequence[str] | str | None = None,
+    disable: Sequence[str] | str | None = None,
+    force: Sequence[str] | str | None = None,
+    strict: bool | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> list[PatchStatus]:
+    """Install every patch that applies to the installed upstreams; call once at process start.
+
+    Patches whose upstream modules are already imported are installed now; the others when those
+    modules are first imported. Idempotent. Arguments override the ``PATCHKIT_*`` variables.
+    """
+    return engine().apply_all(enable=enable, disable=disable, force=force, strict=strict, environ=environ)
+
+
+def apply(*patterns: str, import_targets: bool = False, strict: bool | None = None) -> list[PatchStatus]:
+    """Apply the patches matching ids or globs, opt-in ones included."""
+    return engine().apply(*patterns, import_targets=import_targets, strict=strict)
+
+
+def applied(*patterns: str, strict: bool | None = None) -> contextlib.AbstractContextManager[list[PatchStatus]]:
+    """``with patchkit.applied("megatron.*"):`` apply now, revert on exit. For tests."""
+    return engine().applied(*patterns, strict=strict)
+
+
+def revert(patch_id: str) -> PatchStatus:
+    """Restore one patch's originals."""
+    return engine().revert(patch_id)
+
+
+def revert_all() -> list[PatchStatus]:
+    """Restore every patch's originals that can be restored."""
+    return engine().revert_all()
+
+
+def status(*patterns: str) -> list[PatchStatus]:
+    """Every patch's state, reason, variant and upstream versions in this process."""
+    return engine().status(*patterns)

@@ -1,0 +1,7 @@
+"""``python -m patchkit``: the same command as the ``patchkit`` script."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,193 @@
+"""What a patch declares, as plain data: its identity, its variants and the actions each installs.
+
+Declarations are imported by ``apply_all()`` at process start, so this module and every declaration
+module in the catalogue stay free of heavy imports: references to replacement code are strings
+resolved only when a variant is installed.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Union
+
+from .errors import DeclarationError
+
+#: A replacement given as ``"package.module:Qualname"`` (``".module:name"`` is relative to the
+#: declaring package) or as the object itself.
+Reference = Union[str, Any]
+
+_ID = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")
+_DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+@dataclass(frozen=True)
+class Target:
+    """An attribute of an upstream object: ``module`` imported, then ``path`` walked with getattr."""
+
+    module: str
+    path: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, spec: str) -> "Target":
+        module, sep, qualname = spec.partition(":")
+        if not sep or not _DOTTED.match(module) or not _DOTTED.match(qualname):
+            raise DeclarationError(f"target {spec!r} is not of the form 'package.module:Qualname.attr'")
+        return cls(module, tuple(qualname.split(".")))
+
+    @property
+    def attribute(self) -> str:
+        return self.path[-1]
+
+    def __str__(self) -> str:
+        return f"{self.module}:{'.'.join(self.path)}"
+
+
+@dataclass(frozen=True)
+class Replace:
+    """Set the target attribute to the object ``replacement`` names. No per-call cost."""
+
+    target: str
+    replacement: Reference
+
+    @property
+    def targets(self) -> tuple[Target, ...]:
+        return (Target.parse(self.target),)
+
+
+@dataclass(frozen=True)
+class Wrap:
+    """Set the target attribute to ``factory(original)``: for patches that delegate to upstream."""
+
+    target: str
+    factory: Reference
+
+    @property
+    def targets(self) -> tuple[Target, ...]:
+        return (Target.parse(self.target),)
+
+
+@dataclass(frozen=True)
+class Add:
+    """Create an attribute upstream lacks. Fails if it exists; revert deletes it."""
+
+    target: str
+    value: Reference
+
+    @property
+    def targets(self) -> tuple[Target, ...]:
+        return (Target.parse(self.target),)
+
+
+@dataclass(frozen=True)
+class Call:
+    """A patch that is a registration through an upstream API rather than an attribute.
+
+    ``install()`` is called once ``after`` (a module name) is imported; ``uninstall()`` undoes it.
+    """
+
+    install: Reference
+    uninstall: Reference
+    after: str
+
+    @property
+    def targets(self) -> tuple[Target, ...]:
+        return ()
+
+
+Action = Union[Replace, Wrap, Add, Call]
+
+
+def action_modules(action: Action) -> tuple[str, ...]:
+    """The modules that must be imported before ``action`` can be installed."""
+    if isinstance(action, Call):
+        return (action.after,)
+    return tuple(target.module for target in action.targets)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One implementation of a patch, valid where every ``requires`` specifier holds.
+
+    ``requires`` maps distribution names to PEP 440 specifier sets. ``native`` says upstream has the
+    behaviour in this range: the patch is then reported ``native`` and nothing is installed.
+    """
+
+    requires: Mapping[str, str]
+    installs: tuple[Action, ...] = ()
+    native: str | None = None
+    label: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.requires:
+            raise DeclarationError("a variant must require at least one distribution")
+        if self.native is None and not self.installs:
+            raise DeclarationError(f"variant {self.name} installs nothing and is not marked native")
+        if self.native is not None and self.installs:
+            raise DeclarationError(f"variant {self.name} is native and cannot also install actions")
+        object.__setattr__(self, "installs", tuple(self.installs))
+        for action in self.installs:
+            action.targets  # validates target syntax at declaration time
+
+    @property
+    def name(self) -> str:
+        """A stable, human-readable name: the label, or the requirement itself."""
+        if self.label:
+            return self.label
+        return ";".join(f"{dist}{spec}" for dist, spec in self.requires.items())
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        seen: dict[str, None] = {}
+        for action in self.installs:
+            for module in action_modules(action):
+                seen.setdefault(module, None)
+        return tuple(seen)
+
+
+@dataclass(frozen=True)
+class Patch:
+    """A named behaviour change for one or more upstreams, with its variants and its reasons.
+
+    ``summary``/``why``/``upstream``/``removal`` are shown by ``patchkit list`` and ``explain``:
+    what it does, why it exists, the upstream code or discussion it relates to, and when to delete it.
+    ``version_modules`` maps a distribution to its import package: used to see cheaply whether it
+    is installed at all, and to read ``__version__`` when it was installed without metadata.
+    """
+
+    id: str
+    summary: str
+    why: str
+    upstream: str
+    removal: str
+    variants: tuple[Variant, ...]
+    opt_in: bool = False
+    version_modules: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not _ID.match(self.id):
+            raise DeclarationError(f"patch id {self.id!r} must look like 'upstream.name' (lowercase, dots)")
+        if not self.variants:
+            raise DeclarationError(f"{self.id}: declares no variant")
+        object.__setattr__(self, "variants", tuple(self.variants))
+        object.__setattr__(self, "version_modules", dict(self.version_modules))
+        names = [variant.name for variant in self.variants]
+        if len(set(names)) != len(names):
+            raise DeclarationError(f"{self.id}: two variants share a name: {names}")
+
+    @property
+    def distributions(self) -> tuple[str, ...]:
+        seen: dict[str, None] = {}
+        for variant in self.variants:
+            for dist in variant.requires:
+                seen.setdefault(dist, None)
+        return tuple(seen)
+
+    def variant(self, name: str) -> Variant:
+        for variant in self.variants:
+            if variant.name == name:
+                return variant
+        raise KeyError(f"{self.id} has no variant {name!r}")
+
+
+ReferenceResolver = Callable[[Reference], Any]

@@ -1,0 +1,415 @@
+"""The engine: decides, for each registered patch, what to do in this process, and does it.
+
+One re-entrant lock guards all state, so ``apply_all``/``revert_all`` from many threads and import
+hooks firing mid-call see a consistent registry. A patch moves through its states one at a time:
+
+    registered -> skipped | pending -> applied | forced | failed | skipped(target_missing)
+    applied | forced | pending -> reverted -> (considered again by the next apply)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import importlib
+import logging
+import sys
+import threading
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+from . import settings as settings_module
+from .catalogue import CatalogueError, Registered
+from .declaration import Patch, Variant
+from .errors import (
+    ConfigError,
+    DeclarationError,
+    ForeignWrapperError,
+    PatchInstallError,
+    TargetResolutionError,
+    UnknownPatchError,
+    UnsupportedVersionError,
+)
+from .installer import Installed, Registration, install_all, uninstall_all
+from .settings import Settings
+from .status import PatchStatus, Reason, State
+from .versions import InstalledVersion, Outcome, installed_version, select_variant
+
+logger = logging.getLogger("patchkit")
+
+
+@dataclass
+class _Entry:
+    """What the engine knows and holds for one patch."""
+
+    registered: Registered
+    state: State = State.REGISTERED
+    reason: Reason | None = None
+    detail: str = ""
+    variant: Variant | None = None
+    versions: dict[str, str | None] = field(default_factory=dict)
+    error: str | None = None
+    waiting_for: tuple[str, ...] = ()
+    installed: list[Installed | Registration] = field(default_factory=list)
+    settings: Settings = field(default_factory=Settings)
+
+    @property
+    def patch(self) -> Patch:
+        return self.registered.patch
+
+    def set(self, state: State, reason: Reason | None = None, detail: str = "", error: str | None = None) -> None:
+        self.state, self.reason, self.detail, self.error = state, reason, detail, error
+        if state is not State.PENDING:
+            self.waiting_for = ()
+
+    def record(self) -> PatchStatus:
+        variant = self.variant
+        targets = tuple(str(t) for action in variant.installs for t in action.targets) if variant else ()
+        return PatchStatus(
+            id=self.patch.id,
+            state=self.state,
+            reason=self.reason,
+            detail=self.detail,
+            variant=variant.name if variant else None,
+            versions=dict(self.versions),
+            error=self.error,
+            targets=targets,
+        )
+
+
+class Engine:
+    """A registry of patches and their state in this process.
+
+    The module-level functions of :mod:`patchkit` use one engine loaded from the catalogue; tests
+    and embedders may build their own from explicit ``Registered`` patches.
+    """
+
+    def __init__(self, patches: Iterable[Registered] = (), catalogue_errors: Iterable[CatalogueError] = ()) -> None:
+        self._lock = threading.RLock()
+        self._entries: dict[str, _Entry] = {}
+        self._catalogue_errors = tuple(catalogue_errors)
+        self._strict = False
+        for registered in patches:
+            self.register(registered.patch, registered.package)
+        _ENGINES.add(self)
+
+    # -- registry -------------------------------------------------------------------------------
+
+    def register(self, patch: Patch, package: str | None = None) -> None:
+        """Add a patch. Its relative references resolve against ``package``."""
+        with self._lock:
+            if patch.id in self._entries:
+                raise DeclarationError(f"patch id {patch.id!r} is registered twice")
+            self._entries[patch.id] = _Entry(Registered(patch, package))
+            self._entries = dict(sorted(self._entries.items()))
+
+    def ids(self) -> list[str]:
+        return list(self._entries)
+
+    def patch(self, patch_id: str) -> Patch:
+        return self._entry(patch_id, "patch id").patch
+
+    def _entry(self, patch_id: str, variable: str) -> _Entry:
+        entry = self._entries.get(patch_id)
+        if entry is None:
+            import difflib
+
+            raise UnknownPatchError(variable, patch_id, difflib.get_close_matches(patch_id, self.ids(), n=3, cutoff=0.5))
+        return entry
+
+    # -- applying -------------------------------------------------------------------------------
+
+    def apply_all(
+        self,
+        *,
+        enable: Sequence[str] | str | None = None,
+        disable: Sequence[str] | str | None = None,
+        force: Sequence[str] | str | None = None,
+        strict: bool | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> list[PatchStatus]:
+        """Apply every patch that applies here; idempotent. Returns every patch's status.
+
+        Explicit arguments override the ``PATCHKIT_*`` variables. A malformed toggle or an unknown
+        id applies nothing (every patch is skipped with ``config_error``) unless strict, which raises.
+        """
+        with self._lock:
+            chosen = self._settings(environ, enable=enable, disable=disable, force=force, strict=strict)
+            if chosen is None:
+                return self.status()
+            for entry in self._entries.values():
+                if not entry.state.installed and entry.state is not State.FAILED:
+                    self._consider(entry, chosen)
+            return self.status()
+
+    def apply(self, *patterns: str, import_targets: bool = False, strict: bool | None = None,
+              environ: Mapping[str, str] | None = None) -> list[PatchStatus]:
+        """Apply the patches matching ``patterns`` (ids or globs), opt-in ones included.
+
+        ``PATCHKIT_DISABLE`` still wins: it is the switch that turns a misbehaving patch off without a
+        code change. With ``import_targets``, target modules are imported now so the patches install
+        at once instead of waiting. Unknown ids raise ``UnknownPatchError``.
+        """
+        with self._lock:
+            chosen = settings_module.from_environment(environ, enable=list(patterns), strict=strict)
+            settings_module.check_known(chosen, self.ids())
+            self._use(chosen)
+            selected = [e for e in self._entries.values() if settings_module.matches_any(e.patch.id, patterns)]
+            for entry in selected:
+                if not entry.state.installed:
+                    self._consider(entry, chosen)
+            if import_targets:
+                self._import_waiting(selected)
+            return [entry.record() for entry in selected]
+
+    @contextlib.contextmanager
+    def applied(self, *patterns: str, strict: bool | None = None) -> Iterator[list[PatchStatus]]:
+        """Apply ``patterns`` now (importing their targets) and revert on exit; for tests."""
+        with self._lock:
+            before = {pid for pid, e in self._entries.items() if e.state.installed or e.state is State.PENDING}
+            records = self.apply(*patterns, import_targets=True, strict=strict)
+        try:
+            yield records
+        finally:
+            with self._lock:
+                for record in records:
+                    if record.id not in before:
+                        self.revert(record.id)
+
+    def import_targets(self) -> list[PatchStatus]:
+        """Import the modules every pending patch waits for, so it installs now (``patchkit status``)."""
+        with self._lock:
+            self._import_waiting(list(self._entries.values()))
+            return self.status()
+
+    def _import_waiting(self, entries: Iterable[_Entry]) -> None:
+        for entry in entries:
+            for module in entry.waiting_for:
+                if entry.state is State.PENDING and module not in sys.modules:
+                    try:
+                        importlib.import_module(module)
+                    except Exception as exc:  # the upstream itself fails to import here
+                        if self._strict:
+                            raise
+                        entry.set(State.FAILED, detail=f"importing {module} failed", error=repr(exc))
+                        logger.error("patchkit: %s: importing %s failed: %r", entry.patch.id, module, exc)
+
+    def _settings(self, environ: Mapping[str, str] | None, **explicit: Any) -> Settings | None:
+        """Parse the toggles; on a bad value, raise if strict, else mark everything config_error."""
+        try:
+            chosen = settings_module.from_environment(environ, **explicit)
+            for warning in settings_module.check_known(chosen, self.ids()):
+                logger.warning("patchkit: %s", warning)
+        except ConfigError as exc:
+            if self._strict_despite_error(environ, explicit.get("strict")):
+                raise
+            logger.error("patchkit: nothing applied: %s", exc)
+            for entry in self._entries.values():
+                if not entry.state.installed and entry.state is not State.PENDING:
+                    entry.set(State.SKIPPED, Reason.CONFIG_ERROR, str(exc))
+            return None
+        self._use(chosen)
+        return chosen
+
+    @staticmethod
+    def _strict_despite_error(environ: Mapping[str, str] | None, explicit: bool | None) -> bool:
+        if explicit is not None:
+            return explicit
+        try:
+            env = __import__("os").environ if environ is None else environ
+            return settings_module.parse_bool(settings_module.STRICT, env.get(settings_module.STRICT, ""))
+        except ConfigError:
+            return False
+
+    def _use(self, chosen: Settings) -> None:
+        self._strict = chosen.strict
+        if chosen.log_level is not None:
+            logger.setLevel(chosen.log_level)
+
+    def _consider(self, entry: _Entry, chosen: Settings) -> None:
+        patch = entry.patch
+        entry.settings = chosen
+        if not chosen.is_enabled(patch.id, patch.opt_in):
+            reason = Reason.OPT_IN if patch.opt_in and chosen.enable is None else Reason.DISABLED
+            why = "opt-in: enable with PATCHKIT_ENABLE" if reason is Reason.OPT_IN else "not in PATCHKIT_ENABLE"
+            entry.set(State.SKIPPED, reason, why)
+        elif chosen.is_disabled(patch.id):
+            entry.set(State.SKIPPED, Reason.DISABLED, "disabled by PATCHKIT_DISABLE")
+        else:
+            self._advance_safely(entry, "while applying")
+
+    def _advance_safely(self, entry: _Entry, context: str) -> None:
+        """``_advance``, with anything unexpected recorded as a failure of this patch alone."""
+        try:
+            self._advance(entry)
+        except Exception as exc:
+            if entry.settings.strict:
+                raise
+            entry.set(State.FAILED, detail=context, error=str(exc) if isinstance(exc, DeclarationError) else repr(exc))
+            logger.error("patchkit: %s failed %s: %r", entry.patch.id, context, exc)
+
+    def _advance(self, entry: _Entry) -> None:
+        """Take ``entry`` as far as the installed upstreams and imported modules allow."""
+        patch = entry.patch
+        found: dict[str, InstalledVersion] = {
+            dist: installed_version(dist, patch.version_modules.get(dist)) for dist in patch.distributions
+        }
+        entry.versions = {dist: v.raw for dist, v in found.items()}
+        selection = select_variant(patch, found)
+        forced = False
+        if selection.outcome is Outcome.NOT_INSTALLED:
+            entry.set(State.SKIPPED, Reason.NOT_INSTALLED, selection.detail)
+            logger.debug("patchkit: %s skipped: %s", patch.id, selection.detail)
+            return
+        if selection.outcome is Outcome.DEFERRED:
+            self._wait(entry, selection.waiting_for, selection.detail)
+            return
+        if selection.outcome is Outcome.UNSUPPORTED:
+            if not (entry.settings.is_forced(patch.id) and selection.nearest is not None):
+                if entry.settings.strict:
+                    raise UnsupportedVersionError(patch.id, entry.versions, (v.name for v in patch.variants))
+                entry.set(State.SKIPPED, Reason.UNSUPPORTED_VERSION, selection.detail)
+                logger.warning("patchkit: %s skipped: %s", patch.id, selection.detail)
+                return
+            forced = True
+            entry.variant = selection.nearest
+        else:
+            entry.variant = selection.variant
+        variant = entry.variant
+        assert variant is not None
+        if variant.native is not None:
+            entry.set(State.SKIPPED, Reason.NATIVE, variant.native)
+            logger.info("patchkit: %s not needed: %s", patch.id, variant.native)
+            return
+        missing = tuple(module for module in variant.modules if module not in sys.modules)
+        if missing:
+            self._wait(entry, missing, f"waiting for {', '.join(missing)} to be imported")
+            return
+        self._install(entry, variant, forced, selection.detail)
+
+    def _install(self, entry: _Entry, variant: Variant, forced: bool, unsupported_detail: str) -> None:
+        patch = entry.patch
+        try:
+            entry.installed = install_all(patch.id, variant.installs, entry.registered.package)
+        except TargetResolutionError as exc:
+            if entry.settings.strict:
+                raise
+            entry.set(State.SKIPPED, Reason.TARGET_MISSING, str(exc))
+            logger.warning("patchkit: %s skipped (variant %s): %s", patch.id, variant.name, exc)
+        except PatchInstallError as exc:
+            if entry.settings.strict:
+                raise
+            entry.set(State.FAILED, detail=f"variant {variant.name}", error=str(exc))
+            logger.error("patchkit: %s", exc)
+        else:
+            if forced:
+                entry.set(State.FORCED, Reason.UNSUPPORTED_VERSION, f"forced: {unsupported_detail}")
+                logger.warning("patchkit: %s applied by force (variant %s): %s", patch.id, variant.name,
+                               unsupported_detail)
+            else:
+                entry.set(State.APPLIED)
+                logger.info("patchkit: %s applied (variant %s)", patch.id, variant.name)
+
+    def _wait(self, entry: _Entry, modules: tuple[str, ...], detail: str) -> None:
+        # The state is set before the hooks: a hook may fire at once (the module was imported
+        # meanwhile) and must find the entry already pending.
+        entry.set(State.PENDING, None, detail)
+        entry.waiting_for = modules
+        for module in modules:
+            _watch(module)
+
+    def _module_imported(self, module: str) -> None:
+        """Post-import hook: advance every patch that was waiting for ``module``."""
+        with self._lock:
+            for entry in self._entries.values():
+                if entry.state is State.PENDING and module in entry.waiting_for:
+                    self._advance_safely(entry, f"on import of {module}")
+
+    # -- reverting ------------------------------------------------------------------------------
+
+    def revert(self, patch_id: str) -> PatchStatus:
+        """Restore the originals of one patch. Raises ``ForeignWrapperError`` if another wrapper
+        sits on top of patchkit's (the patch then stays applied)."""
+        with self._lock:
+            entry = self._entry(patch_id, "patch id")
+            if entry.state.installed:
+                try:
+                    uninstall_all(entry.patch.id, entry.installed)
+                except ForeignWrapperError as exc:
+                    entry.reason, entry.detail = Reason.FOREIGN_WRAPPER, str(exc)
+                    raise
+                entry.set(State.REVERTED, detail="originals restored")
+                logger.info("patchkit: %s reverted", patch_id)
+            elif entry.state is State.PENDING:
+                entry.set(State.REVERTED, detail="no longer waiting for import")
+            return entry.record()
+
+    def revert_all(self) -> list[PatchStatus]:
+        """Revert every patch that can be; refused ones stay applied and say why in their status."""
+        with self._lock:
+            for patch_id in reversed(self.ids()):
+                try:
+                    self.revert(patch_id)
+                except ForeignWrapperError as exc:
+                    if self._strict:
+                        raise
+                    logger.error("patchkit: %s", exc)
+            return self.status()
+
+    # -- reporting ------------------------------------------------------------------------------
+
+    def status(self, *patterns: str) -> list[PatchStatus]:
+        """Every patch's status (or those matching ``patterns``), sorted by id."""
+        with self._lock:
+            records = [
+                entry.record() for entry in self._entries.values()
+                if not patterns or any(fnmatch.fnmatchcase(entry.patch.id, p) for p in patterns)
+            ]
+            if not patterns:
+                records.extend(
+                    PatchStatus(id=error.module, state=State.FAILED, detail="declaration module failed to load",
+                                error=error.error)
+                    for error in self._catalogue_errors
+                )
+            return records
+
+
+# -- post-import hooks ----------------------------------------------------------------------------
+# wrapt hooks fire once and cannot be unregistered, so at most one is armed per module name; it
+# dispatches to whichever engines are alive, and each engine ignores modules it no longer waits for.
+
+_ENGINES: "weakref.WeakSet[Engine]" = weakref.WeakSet()
+_ARMED: set[str] = set()
+_WATCH_LOCK = threading.RLock()  # wrapt may fire the hook at once, from inside _watch
+
+
+def _watch(module: str) -> None:
+    with _WATCH_LOCK:
+        if module in _ARMED:
+            return
+        if module not in sys.modules:
+            _ARMED.add(module)
+            import wrapt  # imported only once some patch waits for an import: it costs ~10 ms
+
+            # wrapt calls the hook at once, outside this lock, if the module got imported meanwhile.
+            wrapt.register_post_import_hook(_on_import, module)
+            return
+    _dispatch(module)
+
+
+def _on_import(module: Any) -> None:
+    with _WATCH_LOCK:
+        _ARMED.discard(module.__name__)
+    _dispatch(module.__name__)
+
+
+def _dispatch(module: str) -> None:
+    """Never let a patch break the user's import, unless strict mode asked for exactly that."""
+    for engine in list(_ENGINES):
+        try:
+            engine._module_imported(module)
+        except Exception:
+            if engine._strict:
+                raise
+            logger.exception("patchkit: post-import hook for %s failed", module)

@@ -1,0 +1,78 @@
+"""Typed errors. Each subclasses what a caller would already catch for that kind of mistake."""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+
+class PatchkitError(Exception):
+    """Base class of every error patchkit raises on purpose."""
+
+
+class DeclarationError(PatchkitError, ValueError):
+    """A patch declaration is malformed (bad id, bad target path, overlapping variants)."""
+
+
+class ConfigError(PatchkitError, ValueError):
+    """A ``PATCHKIT_*`` variable or an explicit argument has a value patchkit cannot read."""
+
+    def __init__(self, variable: str, value: str, accepted: str, problem: str = "malformed") -> None:
+        self.variable = variable
+        self.value = value
+        self.accepted = accepted
+        super().__init__(f"{variable}={value!r} is {problem}; accepted: {accepted}")
+
+
+class UnknownPatchError(ConfigError, LookupError):
+    """A patch id named in a toggle or an API call is not in the registry."""
+
+    def __init__(self, variable: str, patch_id: str, suggestions: Sequence[str]) -> None:
+        self.patch_id = patch_id
+        self.suggestions = tuple(suggestions)
+        hint = f"did you mean {', '.join(self.suggestions)}?" if self.suggestions else "see `patchkit list`"
+        super().__init__(variable, patch_id, f"a known patch id or glob ({hint})", problem="not a known patch id")
+
+
+class UnsupportedVersionError(PatchkitError):
+    """The installed upstream matches none of a patch's variants (raised in strict mode only)."""
+
+    def __init__(self, patch_id: str, versions: dict[str, str | None], supported: Iterable[str]) -> None:
+        self.patch_id = patch_id
+        self.versions = versions
+        self.supported = tuple(supported)
+        found = ", ".join(f"{dist} {ver}" for dist, ver in versions.items())
+        super().__init__(
+            f"{patch_id}: installed {found} is outside every verified range ({'; '.join(self.supported)}); "
+            f"set PATCHKIT_FORCE={patch_id} to apply the nearest variant anyway, or PATCHKIT_DISABLE={patch_id}"
+        )
+
+
+class TargetResolutionError(PatchkitError, AttributeError):
+    """A ``module:Qualname.attr`` path does not resolve: upstream moved or removed the symbol."""
+
+    def __init__(self, path: str, missing: str) -> None:
+        self.path = path
+        self.missing = missing
+        super().__init__(f"cannot resolve {path}: {missing}")
+
+
+class PatchInstallError(PatchkitError):
+    """Installing a patch failed; everything it had installed was rolled back."""
+
+    def __init__(self, patch_id: str, target: str, cause: BaseException) -> None:
+        self.patch_id = patch_id
+        self.target = target
+        super().__init__(f"{patch_id}: installing {target} failed and was rolled back: {cause!r}")
+        self.__cause__ = cause
+
+
+class ForeignWrapperError(PatchkitError):
+    """Reverting would strip a third party's wrapper installed on top of patchkit's; refused."""
+
+    def __init__(self, patch_id: str, targets: Sequence[str]) -> None:
+        self.patch_id = patch_id
+        self.targets = tuple(targets)
+        super().__init__(
+            f"{patch_id}: not reverted, another object was installed on top of patchkit's at "
+            f"{', '.join(self.targets)}; revert that wrapper first"
+        )

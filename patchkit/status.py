@@ -1,0 +1,59 @@
+"""What happened to each patch, as structured, JSON-serialisable records."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Mapping
+
+
+class State(str, Enum):
+    REGISTERED = "registered"  #: known, not yet asked for
+    APPLIED = "applied"
+    FORCED = "forced"  #: applied outside its verified range, because PATCHKIT_FORCE asked
+    PENDING = "pending"  #: waiting for a target module to be imported
+    SKIPPED = "skipped"
+    FAILED = "failed"
+    REVERTED = "reverted"
+
+    @property
+    def installed(self) -> bool:
+        return self in (State.APPLIED, State.FORCED)
+
+
+class Reason(str, Enum):
+    NOT_INSTALLED = "not_installed"
+    UNSUPPORTED_VERSION = "unsupported_version"
+    NATIVE = "native"
+    DISABLED = "disabled"
+    OPT_IN = "opt_in"
+    TARGET_MISSING = "target_missing"
+    CONFIG_ERROR = "config_error"
+    #: Reported with state APPLIED when a revert was refused.
+    FOREIGN_WRAPPER = "foreign_wrapper"
+
+
+@dataclass(frozen=True)
+class PatchStatus:
+    """One patch's state in this process."""
+
+    id: str
+    state: State
+    reason: Reason | None = None
+    detail: str = ""
+    variant: str | None = None
+    versions: Mapping[str, str | None] = field(default_factory=dict)
+    error: str | None = None
+    targets: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "state": self.state.value,
+            "reason": self.reason.value if self.reason else None,
+            "detail": self.detail,
+            "variant": self.variant,
+            "versions": dict(self.versions),
+            "error": self.error,
+            "targets": list(self.targets),
+        }

@@ -1,0 +1,184 @@
+"""Which upstream versions are installed, and which variant of a patch they select.
+
+Resolution is lazy about cost: a distribution whose import package cannot be found is "not
+installed" without touching ``importlib.metadata`` (which scans every ``sys.path`` entry), and
+``packaging`` is imported only once something is installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, Mapping
+
+from .declaration import Patch, Variant
+from .errors import DeclarationError
+
+if TYPE_CHECKING:
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+
+class Availability(Enum):
+    INSTALLED = "installed"
+    MISSING = "missing"
+    #: Installed without metadata and not imported yet: its ``__version__`` is read on import.
+    DEFERRED = "deferred"
+
+
+@dataclass(frozen=True)
+class InstalledVersion:
+    availability: Availability
+    version: "Version | None" = None
+    raw: str | None = None
+    #: The module whose import resolves a DEFERRED version.
+    module: str | None = None
+
+
+def _top_level_findable(module: str) -> bool:
+    top = module.partition(".")[0]
+    if top in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _parse(raw: str) -> "Version | None":
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(raw)
+    except InvalidVersion:
+        return None
+
+
+def installed_version(distribution: str, module: str | None = None) -> InstalledVersion:
+    """Find the installed version of ``distribution``.
+
+    ``module`` is its import package: if it cannot be found the distribution is missing (cheap).
+    Without distribution metadata (a source checkout on ``sys.path``), the module's ``__version__``
+    is used once the module is imported; patchkit never imports it to find out.
+    """
+    if module is not None and not _top_level_findable(module):
+        return InstalledVersion(Availability.MISSING)
+    from importlib import metadata
+
+    try:
+        raw = metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        raw = None
+    if raw is None and module is not None:
+        imported = sys.modules.get(module)
+        if imported is None:
+            if _module_findable(module):
+                return InstalledVersion(Availability.DEFERRED, module=module)
+            return InstalledVersion(Availability.MISSING)
+        raw = getattr(imported, "__version__", None)
+        if raw is None:
+            package_info = sys.modules.get(f"{module}.package_info")
+            raw = getattr(package_info, "__version__", None)
+    if raw is None:
+        return InstalledVersion(Availability.MISSING)
+    return InstalledVersion(Availability.INSTALLED, _parse(str(raw)), str(raw))
+
+
+def _module_findable(module: str) -> bool:
+    # find_spec of a dotted name imports its parents; only the top level is checked before that.
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def specifier(spec: str) -> "SpecifierSet":
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    try:
+        return SpecifierSet(spec)
+    except InvalidSpecifier as exc:
+        raise DeclarationError(f"invalid version specifier {spec!r}: {exc}") from None
+
+
+def variant_matches(variant: Variant, versions: Mapping[str, InstalledVersion]) -> bool:
+    """Every requirement holds. Pre-releases, dev and local versions count as their release."""
+    for dist, spec in variant.requires.items():
+        found = versions.get(dist)
+        if found is None or found.version is None:
+            return False
+        if not specifier(spec).contains(found.version, prereleases=True):
+            return False
+    return True
+
+
+class Outcome(Enum):
+    SELECTED = "selected"
+    NOT_INSTALLED = "not_installed"
+    DEFERRED = "deferred"
+    UNSUPPORTED = "unsupported"
+
+
+@dataclass(frozen=True)
+class Selection:
+    outcome: Outcome
+    variant: Variant | None = None
+    #: For UNSUPPORTED: the variant nearest the installed versions, which PATCHKIT_FORCE applies.
+    nearest: Variant | None = None
+    waiting_for: tuple[str, ...] = ()
+    detail: str = ""
+
+
+def select_variant(patch: Patch, versions: Mapping[str, InstalledVersion]) -> Selection:
+    """Pick the one variant whose requirements hold for the installed versions."""
+    candidates = [v for v in patch.variants if all(_present(versions.get(d)) for d in v.requires)]
+    if not candidates:
+        missing = sorted({d for v in patch.variants for d in v.requires if not _present(versions.get(d))})
+        deferred = tuple(
+            sorted({versions[d].module for d in missing if versions.get(d) and versions[d].module and
+                    versions[d].availability is Availability.DEFERRED})  # type: ignore[misc]
+        )
+        if deferred and all(versions[d].availability is Availability.DEFERRED for d in missing):
+            return Selection(Outcome.DEFERRED, waiting_for=deferred,
+                             detail=f"version of {', '.join(missing)} known once {', '.join(deferred)} is imported")
+        return Selection(Outcome.NOT_INSTALLED, detail=f"{', '.join(missing)} not installed")
+    matching = [v for v in candidates if variant_matches(v, versions)]
+    if len(matching) > 1:
+        raise DeclarationError(f"{patch.id}: variants {[v.name for v in matching]} overlap")
+    if matching:
+        return Selection(Outcome.SELECTED, variant=matching[0])
+    found = ", ".join(f"{d} {versions[d].raw}" for d in patch.distributions if _present(versions.get(d)))
+    ranges = "; ".join(v.name for v in patch.variants)
+    return Selection(Outcome.UNSUPPORTED, nearest=_nearest(candidates, versions),
+                     detail=f"installed {found} is outside the verified ranges ({ranges})")
+
+
+def _present(found: InstalledVersion | None) -> bool:
+    return found is not None and found.availability is Availability.INSTALLED
+
+
+def _lower_bound(spec: str) -> "Version":
+    from packaging.version import Version
+
+    bounds = [Version(s.version) for s in specifier(spec) if s.operator in (">=", ">", "==", "~=")]
+    return max(bounds) if bounds else Version("0")
+
+
+def _nearest(candidates: list[Variant], versions: Mapping[str, InstalledVersion]) -> Variant | None:
+    """The variant with the highest lower bound not above the installed version, else the lowest.
+
+    Judged on each variant's first required distribution, the one the patch is about.
+    """
+    def key(variant: Variant) -> "Version":
+        dist, spec = next(iter(variant.requires.items()))
+        return _lower_bound(spec)
+
+    ordered = sorted(candidates, key=key)
+    if not ordered:
+        return None
+    dist = next(iter(ordered[0].requires))
+    installed = versions[dist].version
+    below = [v for v in ordered if installed is not None and key(v) <= installed]
+    return below[-1] if below else ordered[0]
