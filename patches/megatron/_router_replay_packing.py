@@ -153,9 +153,7 @@ def thd_layout(
     if fp8 and batch > 0:
         total_multiple = align * _FP8_TOTAL_MULTIPLE
         extra = (total_multiple - padded.sum() % total_multiple) % total_multiple
-        padded = padded + torch.nn.functional.one_hot(
-            torch.tensor(batch - 1, device=dev), batch
-        ) * extra
+        padded[-1] += extra  # the last sample absorbs it, as the model input's packing does
     cu_seqlens = torch.cat([zero, lengths.cumsum(0)])
     cu_padded = torch.cat([zero, padded.cumsum(0)])
 
@@ -174,8 +172,10 @@ def thd_layout(
         local_slot = start // cp + torch.where(front, within, chunk + within)
 
     # The one host sync: output sizes. Everything after uses tensors sized by these numbers.
-    owner_of_token = torch.where(mask, owner, torch.full_like(owner, cp))  # cp = "no rank"
-    counts = torch.bincount(owner_of_token.flatten(), minlength=cp + 1)[:cp]
+    # Tokens per CP rank; scatter_add, not bincount, which syncs on CUDA to size its output.
+    counts = torch.zeros(cp, dtype=torch.long, device=dev).scatter_add_(
+        0, owner.clamp(0, cp - 1).flatten(), mask_long.flatten()
+    )
     host = torch.cat([cu_padded[-1:], counts]).tolist()
     total, tokens_per_rank = int(host[0]), tuple(int(n) for n in host[1:])
     local = total // cp
