@@ -4,9 +4,12 @@
 respect) sets ``num_out_tokens = num_tokens * moe_router_topk`` for dropless routing without
 quantization padding: a static count that needs no host sync because top-k never selects an expert
 twice. Replayed indices can: a padding token filled with zeros replays expert 0 ``topk`` times,
-the routing map holds one entry for it, and the permuted tensor has fewer rows than
-``num_out_tokens``. The fused permute (TE ``moe_permute``) then sizes its output from that count,
-leaving rows no expert owns, and the expert split or the all-to-all fails or reads garbage.
+the routing map holds one entry for it, and fewer rows are routed than ``num_out_tokens``. Every
+permute that sizes its output from that count then disagrees with ``tokens_per_expert``: TE's fused
+``moe_permute`` on any release, and on 0.19.2 also the unfused argsort-based permute, which takes
+the first ``num_out_tokens`` entries of the sorted routing map (so it picks unrouted token/expert
+pairs) and the expert split fails ("split_with_sizes expects split_sizes to sum exactly to ...").
+0.14-0.16's unfused permute uses ``masked_select`` and ignores the count.
 
 While any router is replaying, this wrapper uses the count the routing map really holds, the way
 upstream's own token-dropping / padding branch does (``num_local_tokens_per_expert.sum()`` moved
