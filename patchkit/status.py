@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Mapping
+from types import MappingProxyType
+from typing import Any, Mapping, NamedTuple
 
 
 class State(str, Enum):
@@ -33,8 +33,7 @@ class Reason(str, Enum):
     FOREIGN_WRAPPER = "foreign_wrapper"
 
 
-@dataclass(frozen=True)
-class PatchStatus:
+class PatchStatus(NamedTuple):
     """One patch's state in this process."""
 
     id: str
@@ -42,7 +41,7 @@ class PatchStatus:
     reason: Reason | None = None
     detail: str = ""
     variant: str | None = None
-    versions: Mapping[str, str | None] = field(default_factory=dict)
+    versions: Mapping[str, str | None] = MappingProxyType({})
     error: str | None = None
     targets: tuple[str, ...] = ()
 
