@@ -20,7 +20,6 @@ import statistics
 import time
 
 import torch
-
 from patchkit.patches.megatron import router_replay_api as replay
 
 
@@ -129,7 +128,7 @@ def main() -> None:
     (vec_ranks, vec_back), vec_wall, vec_cpu = measure(
         lambda: vectorised_pack_unpack(**work), args.repeats, device
     )
-    assert all(torch.equal(a, b) for a, b in zip(loop_ranks, vec_ranks)), "packed tensors differ"
+    assert all(torch.equal(a, b) for a, b in zip(loop_ranks, vec_ranks, strict=True)), "packed tensors differ"
     assert torch.equal(loop_back, vec_back), "unpacked tensors differ"
 
     print(

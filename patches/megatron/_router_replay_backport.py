@@ -103,7 +103,7 @@ class RouterReplay:
                 f"The number of replay tensors ({len(all_layers_topk_indices)}) "
                 f"does not match instances ({len(instances)})."
             )
-        for instance, indices in zip(instances, all_layers_topk_indices):
+        for instance, indices in zip(instances, all_layers_topk_indices, strict=True):
             instance.set_target_indices(indices)
 
     @staticmethod

@@ -165,7 +165,7 @@ def set_targets(per_layer: Union["torch.Tensor", Sequence["torch.Tensor"]]) -> N
             f"set_targets got indices for {len(tensors)} MoE layers but the model has "
             f"{len(instances)} routers with replay state"
         )
-    for instance, indices in zip(instances, tensors):
+    for instance, indices in zip(instances, tensors, strict=True):
         instance.set_target_indices(indices.long())
 
 

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-
 from patchkit.patches.megatron import router_replay_api as replay
 
 VOCAB_SIZE = 128

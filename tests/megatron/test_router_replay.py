@@ -11,6 +11,7 @@ import types
 import pytest
 import torch
 from moe_harness import cpu_moe
+from patchkit.patches.megatron import router_replay_api as replay
 from replay_models import (
     TOPK,
     Batch,
@@ -24,7 +25,6 @@ from replay_models import (
 )
 
 import patchkit
-from patchkit.patches.megatron import router_replay_api as replay
 
 PATCH_IDS = (
     "megatron.router_replay",
@@ -83,14 +83,14 @@ def test_replay_reproduces_recorded_routing_and_loss_after_the_router_changes(mo
     loss_fresh = forward_loss(model, batch)
     maps_fresh = capture.take()
     # The change matters: routed afresh, tokens go elsewhere and the loss moves.
-    assert any(not torch.equal(a, b) for a, b in zip(maps_fresh, maps_recorded))
+    assert any(not torch.equal(a, b) for a, b in zip(maps_fresh, maps_recorded, strict=True))
     assert not torch.equal(loss_fresh, loss_recorded)
 
     replay.set_targets(recorded)
     replay.set_action("replay_forward")
     loss_replayed = forward_loss(model, batch)
     maps_replayed = capture.take()
-    for replayed_map, recorded_map, indices in zip(maps_replayed, maps_recorded, recorded):
+    for replayed_map, recorded_map, indices in zip(maps_replayed, maps_recorded, recorded, strict=True):
         assert torch.equal(replayed_map, recorded_map)
         assert torch.equal(replayed_map.nonzero()[:, 1].view(-1, TOPK), indices.sort(dim=1).values)
     assert torch.equal(loss_replayed, loss_recorded)
@@ -113,7 +113,7 @@ def test_replay_keeps_recorded_experts_when_gating_weights_change(moe_replay):
     forward_loss(model, batch)
     maps_replayed = capture.take()
     probs_replayed = capture.last_probs
-    for replayed_map, recorded_map, probs in zip(maps_replayed, maps_recorded, probs_replayed):
+    for replayed_map, recorded_map, probs in zip(maps_replayed, maps_recorded, probs_replayed, strict=True):
         assert torch.equal(replayed_map, recorded_map)
         assert torch.equal(probs != 0, recorded_map)  # weight only on the recorded experts
 
@@ -143,7 +143,7 @@ def test_backward_replay_consumes_each_queued_target_once_during_recompute(moe_r
 
     # Pipeline order: forward every micro-batch, then their backwards in the same order.
     losses = []
-    for targets, batch in zip(recorded, micro_batches):
+    for targets, batch in zip(recorded, micro_batches, strict=True):
         replay.set_targets(targets)
         replay.set_action("replay_forward")
         model.zero_grad(set_to_none=True)
@@ -151,11 +151,11 @@ def test_backward_replay_consumes_each_queued_target_once_during_recompute(moe_r
     assert replay.pending_backward() == [2, 2]
 
     replay.set_action("replay_backward")
-    for done, (loss, want) in enumerate(zip(losses, reference), start=1):
+    for done, (loss, want) in enumerate(zip(losses, reference, strict=True), start=1):
         model.zero_grad(set_to_none=True)
         loss.backward()
         assert replay.pending_backward() == [2 - done] * 2
-        for got_grad, want_grad in zip([p.grad for p in params], want):
+        for got_grad, want_grad in zip([p.grad for p in params], want, strict=True):
             assert (got_grad is None) == (want_grad is None)
             if got_grad is not None:
                 torch.testing.assert_close(got_grad, want_grad, rtol=0, atol=0)
@@ -187,7 +187,7 @@ def test_recompute_without_backward_replay_routes_differently(moe_replay):
     replay.set_action(None)  # recompute routes afresh
     loss.backward()
     got = [p.grad for p in model.parameters() if p.grad is not None]
-    assert any(not torch.equal(a, b) for a, b in zip(got, reference))
+    assert any(not torch.equal(a, b) for a, b in zip(got, reference, strict=True))
 
 
 def test_target_with_wrong_token_count_raises_naming_both_counts_and_layer(moe_replay):
@@ -279,7 +279,7 @@ def test_fp8_packed_round_trip_replays_the_recorded_pass(moe_replay):
     token_cells = torch.arange(seq_len) < torch.tensor(lengths)[:, None]
     valid = torch.zeros(layout.total_tokens, dtype=torch.bool)
     valid[layout.slot_of_cell.view(3, seq_len)[token_cells]] = True
-    for replayed_map, recorded_map in zip(maps_replayed, maps_recorded):
+    for replayed_map, recorded_map in zip(maps_replayed, maps_recorded, strict=True):
         assert torch.equal(replayed_map[valid], recorded_map[valid])
     # Padding slots now replay experts 0..topk-1 instead of what they happened to pick, so the
     # experts multiply differently sized batches: equal up to float rounding, not bit for bit.
@@ -312,7 +312,7 @@ def test_alltoall_counts_the_rows_a_duplicate_replay_really_routes(moe_replay):
     forward_loss(model, batch)
     maps = capture.take()
     assert len(maps) == len(dispatchers(model)) == 2
-    for dispatcher, routing_map in zip(dispatchers(model), maps):
+    for dispatcher, routing_map in zip(dispatchers(model), maps, strict=True):
         assert int(routing_map.sum()) == 32  # one row per token, not topk
         assert int(dispatcher.num_out_tokens) == 32
 

@@ -7,7 +7,6 @@ import types
 
 import pytest
 import torch
-
 from patchkit.patches.megatron import router_replay_api as replay
 
 PAD = -1  # fill used below so padding slots are visible in the expected layouts
@@ -157,7 +156,7 @@ def _reference_pack(per_sample, lengths, padded, cp):
     ranks = []
     for rank in range(cp):
         pieces = []
-        for b, (n, p) in enumerate(zip(lengths, padded)):
+        for b, (n, p) in enumerate(zip(lengths, padded, strict=True)):
             sample = torch.full((p, *per_sample.shape[2:]), PAD)
             sample[:n] = per_sample[b, :n]
             if cp == 1:
@@ -184,7 +183,7 @@ def test_random_lengths_round_trip_and_match_the_per_sample_reference(tp, cp, fp
     expected = _reference_pack(per_sample, lengths, padded, cp)
 
     ranks = [replay.pack(per_sample, layout, cp_rank=r, fill=PAD) for r in range(cp)]
-    for got, want in zip(ranks, expected):
+    for got, want in zip(ranks, expected, strict=True):
         assert torch.equal(got, want)
 
     back = replay.unpack(ranks, layout)
