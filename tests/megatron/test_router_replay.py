@@ -6,6 +6,10 @@ The same tests run on every megatron-core release: 0.14/0.15 through patchkit's 
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import textwrap
 import types
 
 import pytest
@@ -340,3 +344,24 @@ def test_alltoall_static_count_breaks_on_duplicates_without_the_patch(moe_replay
         assert "split" in str(exc) and "64" in str(exc)
     else:
         assert [dispatcher.num_out_tokens for dispatcher in dispatchers(model)] == [32 * TOPK] * 2
+
+
+def test_apply_all_before_megatron_import_installs_replay_and_its_check_on_import():
+    """The process-start path: patches wait for the router module, then install in id order."""
+    script = textwrap.dedent(
+        """
+        import json, patchkit
+        patchkit.apply_all()
+        import megatron.core.transformer.moe.router as router
+        states = {s.id: s.to_dict()["state"] for s in patchkit.status("megatron.*")}
+        wrapped = hasattr(router.RouterReplay.get_replay_topk, "__wrapped__")
+        print(json.dumps({"states": states, "wrapped": wrapped}))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    expected = "applied" if _megatron_version() < (0, 16) else "skipped"
+    assert result["states"]["megatron.router_replay"] == expected
+    assert result["states"]["megatron.router_replay_validation"] == "applied"
+    assert result["wrapped"]
