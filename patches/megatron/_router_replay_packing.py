@@ -33,7 +33,9 @@ import torch
 
 from patchkit.probing import get_field
 
-__all__ = ["FP8_PADDED_FORMATS", "ThdLayout", "pack", "sequence_parallel_shard", "thd_layout", "unpack"]
+__all__ = [
+    "FP8_PADDED_FORMATS", "ThdLayout", "pack", "sequence_parallel_shard", "thd_layout", "unpack", "uses_fp8_padding",
+]
 
 FP8_PADDED_FORMATS = ("e4m3", "hybrid")
 """``TransformerConfig.fp8`` values under which packed sequences get FP8 padding."""

@@ -32,14 +32,22 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 if TYPE_CHECKING:
     import torch
 
-    from ._router_replay_packing import ThdLayout, pack, thd_layout, unpack  # noqa: F401
+    from ._router_replay_packing import (  # noqa: F401
+        ThdLayout,
+        pack,
+        sequence_parallel_shard,
+        thd_layout,
+        unpack,
+        uses_fp8_padding,
+    )
 
 PATCHES: tuple = ()
 
 __all__ = [
     "Action", "ReplayIndexMismatchError", "ReplayTargetMissingError", "RouterReplayError",
     "RouterReplayUnavailableError", "ThdLayout", "clear", "enable", "pack", "pending_backward",
-    "recorded", "reset", "routers", "set_action", "set_targets", "thd_layout", "unpack",
+    "recorded", "reset", "routers", "sequence_parallel_shard", "set_action", "set_targets", "thd_layout",
+    "unpack", "uses_fp8_padding",
 ]
 
 
@@ -203,7 +211,7 @@ def reset() -> None:
     _replay_class().global_router_replay_instances.clear()
 
 
-_PACKING_NAMES = ("ThdLayout", "thd_layout", "pack", "unpack")
+_PACKING_NAMES = ("ThdLayout", "thd_layout", "pack", "unpack", "sequence_parallel_shard", "uses_fp8_padding")
 
 
 def __getattr__(name: str) -> Any:

@@ -212,3 +212,17 @@ def test_unpack_rejects_a_tensor_of_another_layout():
     layout = _layout([3, 5], tp_size=1, fp8_padding=True)
     with pytest.raises(ValueError, match="expected 128 packed tokens"):
         replay.unpack(torch.zeros(8, 2, dtype=torch.long), layout)
+
+
+def test_api_module_imports_neither_torch_nor_megatron():
+    """``apply_all()`` imports every public catalogue module at process start: it must stay light."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys; from patchkit.patches.megatron import router_replay_api; "
+        "print(sorted(m for m in ('torch', 'megatron') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
