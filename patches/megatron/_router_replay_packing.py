@@ -262,8 +262,21 @@ def unpack(
     """
     rows = _all_slots(packed, layout)
     out = rows.index_select(0, layout.slot_of_cell)
-    out.index_fill_(0, layout.invalid_cells, fill)
+    _fill_rows(out.view(out.shape[0], -1), layout.invalid_cells, fill)
     return out.view(layout.batch_size, layout.seq_len, *rows.shape[1:])
+
+
+def _fill_rows(rows: torch.Tensor, index: torch.Tensor, value: int) -> None:
+    """``rows[index] = value`` for a contiguous 2-D tensor.
+
+    ``index_fill_`` works element by element; zeroing whole rows of narrow dtypes (uint8 expert
+    indices: 384 bytes per token for 48 layers x top-8) is ~7x faster on the same bytes viewed as
+    int64, which zero-fill leaves bit-identical.
+    """
+    row_bytes = rows.shape[1] * rows.element_size()
+    if value == 0 and rows.shape[1] > 0 and row_bytes % 8 == 0 and rows.data_ptr() % 8 == 0:
+        rows = rows.view(torch.uint8).view(torch.int64)
+    rows.index_fill_(0, index, value)
 
 
 def sequence_parallel_shard(packed: torch.Tensor, layout: ThdLayout, tp_rank: int) -> torch.Tensor:
