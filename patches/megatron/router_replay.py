@@ -27,7 +27,7 @@ PATCHES = (
         variants=(
             Variant(
                 requires={"megatron-core": ">=0.14,<0.16"},
-                label="backport of 0.16's replay onto TopKRouter",
+                label="megatron-core>=0.14,<0.16: backport of 0.16's replay onto TopKRouter",
                 installs=(
                     Add(f"{ROUTER}:RouterReplay", "._router_replay_backport:RouterReplay"),
                     Wrap(f"{ROUTER}:TopKRouter.__init__", "._router_replay_v014:wrap_init"),
