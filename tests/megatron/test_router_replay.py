@@ -365,3 +365,46 @@ def test_apply_all_before_megatron_import_installs_replay_and_its_check_on_impor
     assert result["states"]["megatron.router_replay"] == expected
     assert result["states"]["megatron.router_replay_validation"] == "applied"
     assert result["wrapped"]
+
+
+ROUTING_CASES = {
+    "softmax": dict(score_function="softmax"),
+    "softmax-pre": dict(score_function="softmax", use_pre_softmax=True),
+    "softmax-scaled": dict(score_function="softmax", scaling_factor=2.5),
+    "sigmoid": dict(score_function="sigmoid"),
+    "sigmoid-bias": dict(score_function="sigmoid", expert_bias=torch.linspace(-0.3, 0.3, 8)),
+    "group-limited": dict(score_function="softmax", use_pre_softmax=True, num_groups=4, group_topk=2),
+}
+
+
+@pytest.mark.parametrize("case", list(ROUTING_CASES))
+def test_record_and_replay_of_the_same_indices_equal_upstream_routing(moe_replay, case):
+    """Whichever implementation replays (backport or native), its probs are upstream's."""
+    from megatron.core.transformer.moe import moe_utils
+    from megatron.core.transformer.moe import router as router_module
+
+    kwargs = ROUTING_CASES[case]
+    logits = torch.randn(24, 8, generator=torch.Generator().manual_seed(4))
+    want_probs, want_map = moe_utils.topk_routing_with_score_function(logits, 3, **kwargs)
+
+    state = replay._replay_class()()
+    state.set_router_replay_action(replay._replay_module().RouterReplayAction("record"))
+    probs, routing_map = router_module.topk_routing_with_score_function(logits, 3, router_replay=state, **kwargs)
+    assert torch.equal(probs, want_probs) and torch.equal(routing_map, want_map)
+
+    state.set_target_indices(state.get_recorded_indices())
+    state.set_router_replay_action(replay._replay_module().RouterReplayAction("replay_forward"))
+    probs, routing_map = router_module.topk_routing_with_score_function(logits, 3, router_replay=state, **kwargs)
+    assert torch.equal(routing_map, want_map)
+    torch.testing.assert_close(probs, want_probs, rtol=0, atol=0)
+
+
+def test_backport_refuses_replay_on_the_fused_topk_path(moe_replay):
+    if _megatron_version() >= (0, 16):
+        pytest.skip("native replay: upstream's fused path is upstream's behaviour")
+    from megatron.core.transformer.moe import router as router_module
+
+    state = replay._replay_class()()
+    state.set_router_replay_action(replay._replay_module().RouterReplayAction("replay_forward"))
+    with pytest.raises(replay.RouterReplayError, match="moe_router_fusion=False"):
+        router_module.topk_routing_with_score_function(torch.randn(4, 8), 2, fused=True, router_replay=state)
