@@ -1,4 +1,4 @@
-"""The ``patchkit`` command: list, status, explain."""
+"""The ``patchkit`` command: list, status, explain, run."""
 
 from __future__ import annotations
 
@@ -42,6 +42,16 @@ def _explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run(args: argparse.Namespace) -> int:
+    from .launcher import run
+
+    command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not command:
+        sys.stderr.write("patchkit run: give the command after --, e.g. `patchkit run -- python train.py`\n")
+        return 2
+    return run(command)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="patchkit", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log what patchkit does to stderr")
@@ -55,6 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
     explain = commands.add_parser("explain", help="one patch in full, and its state here")
     explain.add_argument("id")
     explain.set_defaults(run=_explain)
+    launch = commands.add_parser("run", help="run a command with every Python process it starts autoloading patches",
+                                 usage="patchkit run -- COMMAND [ARGS...]")
+    launch.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
+    launch.set_defaults(run=_run)
     return parser
 
 

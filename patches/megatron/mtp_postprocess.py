@@ -30,6 +30,9 @@ PATCHES = (
             "Remove once upstream returns logits with the MTP loss attached for caller-given "
             "labels (0.19 does so only for labels derived from input_ids)."
         ),
+        # Opt-in: it changes what forward(labels=...) returns, which a pre-training job sharing the
+        # process-wide apply_all() must not get by surprise.
+        opt_in=True,
         version_modules=_VERSION_MODULES,
         variants=(
             Variant(

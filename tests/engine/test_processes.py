@@ -28,7 +28,7 @@ patchkit.engine().register(Patch(
 ))
 
 def report():
-    records = [r.to_dict() for r in patchkit.status()]
+    records = [r.to_dict() for r in patchkit.status("toy.*")]
     from {package}.core import Model
     sys.stdout.write(json.dumps({{"status": records, "forward": Model().forward(1)}}))
 """

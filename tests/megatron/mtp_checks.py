@@ -2,39 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import pytest
 import torch
-from conftest import Batch
+from tiny_gpt import Batch
 
 ATOL = 1e-5
-
-
-@pytest.fixture
-def empty_mtp_tracker() -> Iterator[None]:
-    from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
-
-    MTPLossLoggingHelper.tracker.clear()
-    yield
-    MTPLossLoggingHelper.tracker.clear()
-
-
-@pytest.fixture
-def attached_mtp_losses(monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
-    """Every loss tensor handed to ``MTPLossAutoScaler.apply``, in call order (upstream's or ours)."""
-    from megatron.core.transformer.multi_token_prediction import MTPLossAutoScaler
-
-    recorded: list[torch.Tensor] = []
-    original_apply = MTPLossAutoScaler.apply
-
-    def recording_apply(output: torch.Tensor, mtp_loss: torch.Tensor) -> torch.Tensor:
-        recorded.append(mtp_loss.detach().clone())
-        return original_apply(output, mtp_loss)
-
-    monkeypatch.setattr(MTPLossAutoScaler, "apply", recording_apply)
-    return recorded
 
 
 def tracked_mtp_losses() -> torch.Tensor:
@@ -83,8 +57,9 @@ def assert_attached_mtp_losses_match_upstream(
     model: Any, batch: Batch, attached: list[torch.Tensor], mtp_num_layers: int
 ) -> None:
     """Run unpatched then patched on the same weights; attached and logged MTP losses must agree."""
-    import patchkit
     from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
+
+    import patchkit
 
     run(model, batch)
     upstream_attached = list(attached)
@@ -96,7 +71,7 @@ def assert_attached_mtp_losses_match_upstream(
         run(model, batch)
     assert len(upstream_attached) == mtp_num_layers
     assert len(attached) == mtp_num_layers
-    for depth, (ours, theirs) in enumerate(zip(attached, upstream_attached)):
+    for depth, (ours, theirs) in enumerate(zip(attached, upstream_attached, strict=True)):
         assert ours.abs().sum() > 0, f"depth {depth + 1} attached an all-zero loss"
         torch.testing.assert_close(ours, theirs, atol=ATOL, rtol=0, msg=f"depth {depth + 1}")
     torch.testing.assert_close(tracked_mtp_losses(), upstream_tracked, atol=ATOL, rtol=0)

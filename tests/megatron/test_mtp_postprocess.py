@@ -15,19 +15,17 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import Batch
-from mtp_checks import (  # noqa: F401  (fixtures)
+from mtp_checks import (
     ATOL,
     assert_attached_mtp_losses_match_upstream,
     assert_trainer_gradients_match_upstream,
-    attached_mtp_losses,
-    empty_mtp_tracker,
     mtp_parameters,
     outcome,
     run,
     token_loss_from_logits,
 )
 from packaging.version import Version
+from tiny_gpt import VOCAB_SIZE, Batch
 
 import patchkit
 
@@ -53,7 +51,6 @@ def test_patch_reports_the_variant_for_this_release(megatron_cpu: None) -> None:
 def test_forward_with_labels_returns_main_head_logits_batch_major(
     tiny_gpt: Callable[..., Any], batch: Batch, mtp_num_layers: int
 ) -> None:
-    from conftest import VOCAB_SIZE
 
     model = tiny_gpt(mtp_num_layers=mtp_num_layers)
     upstream_loss = run(model, batch).detach()
@@ -128,7 +125,6 @@ def test_labels_none_behaves_exactly_like_upstream(
 
 
 def test_eval_mode_with_labels_returns_logits_and_logs_nothing(tiny_gpt: Callable[..., Any], batch: Batch) -> None:
-    from conftest import VOCAB_SIZE
     from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
 
     model = tiny_gpt(mtp_num_layers=1).eval()
@@ -172,7 +168,6 @@ def test_packed_sequences_roll_mtp_labels_like_upstream(
 ) -> None:
     # Local attention cannot run packed (THD) sequences on CPU, so the postprocess is driven
     # directly with decoder + MTP hidden states, as a THD forward would hand them over.
-    from conftest import VOCAB_SIZE
     from megatron.core.packed_seq_params import PackedSeqParams
     from megatron.core.transformer.multi_token_prediction import roll_tensor
 
@@ -202,8 +197,35 @@ def test_packed_sequences_roll_mtp_labels_like_upstream(
         ours = attached(packed)
         ours_unpacked = attached(None)
     assert len(ours) == len(upstream) == mtp_num_layers
-    for depth, (mine, theirs) in enumerate(zip(ours, upstream)):
+    for depth, (mine, theirs) in enumerate(zip(ours, upstream, strict=True)):
         torch.testing.assert_close(mine, theirs, atol=ATOL, rtol=0, msg=f"depth {depth + 1}")
     if "packed_seq_params" in inspect.signature(roll_tensor).parameters:
         # Where upstream rolls per sequence, so must the patch: ignoring the packing would differ.
-        assert not all(torch.allclose(a, b) for a, b in zip(ours, ours_unpacked))
+        assert not all(torch.allclose(a, b) for a, b in zip(ours, ours_unpacked, strict=True))
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected_state"),
+    [({}, "skipped"), ({"PATCHKIT_ENABLE": "megatron.mtp_*"}, "applied")],
+)
+def test_apply_all_installs_both_mtp_patches_only_when_enabled(
+    megatron_cpu: None, environ: dict[str, str], expected_state: str
+) -> None:
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.transformer.multi_token_prediction import MultiTokenPredictionLayer
+    from patchkit.patches.megatron import mtp_postprocess as declaration
+
+    originals = (GPTModel.__dict__["_postprocess"], MultiTokenPredictionLayer.__dict__["_get_embeddings"])
+    engine = patchkit.Engine()
+    for patch in declaration.PATCHES:
+        engine.register(patch, "patchkit.patches.megatron")
+    try:
+        records = {record.id: record for record in engine.apply_all(environ=environ)}
+        for patch_id in ("megatron.mtp_postprocess", "megatron.mtp_detach_inputs"):
+            assert records[patch_id].state.value == expected_state
+            if expected_state == "skipped":
+                assert records[patch_id].reason.value == "opt_in"
+        assert (GPTModel.__dict__["_postprocess"] is not originals[0]) == (expected_state == "applied")
+    finally:
+        engine.revert_all()
+    assert (GPTModel.__dict__["_postprocess"], MultiTokenPredictionLayer.__dict__["_get_embeddings"]) == originals

@@ -12,14 +12,12 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import VOCAB_SIZE, Batch, build_tiny_gpt, make_batch
-from mtp_checks import (  # noqa: F401  (fixtures)
+from mtp_checks import (
     assert_attached_mtp_losses_match_upstream,
     assert_trainer_gradients_match_upstream,
-    attached_mtp_losses,
-    empty_mtp_tracker,
     run,
 )
+from tiny_gpt import VOCAB_SIZE, Batch, build_tiny_gpt, make_batch
 
 import patchkit
 
@@ -30,13 +28,13 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("empty_mtp_tracker")]
 def megatron_gpu() -> Iterator[None]:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from cpu_harness import _free_port
+    from cpu_harness import free_port
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     torch.cuda.set_device(0)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(_free_port())
+    os.environ["MASTER_PORT"] = str(free_port())
     torch.distributed.init_process_group(backend="nccl", rank=0, world_size=1)
     parallel_state.initialize_model_parallel()
     model_parallel_cuda_manual_seed(1234)
@@ -86,4 +84,5 @@ def test_gpu_detach_patch_sends_no_mtp_gradient_into_the_embedding(megatron_gpu:
         (run(model, batch) * 0.0).sum().backward()
     embedding_grad = model.embedding.word_embeddings.weight.grad
     assert embedding_grad is None or float(embedding_grad.abs().sum()) == 0.0
-    assert all(p.grad is not None and float(p.grad.abs().sum()) > 0 for n, p in model.named_parameters() if n.startswith("mtp."))
+    mtp_grads = [p.grad for n, p in model.named_parameters() if n.startswith("mtp.")]
+    assert mtp_grads and all(g is not None and float(g.abs().sum()) > 0 for g in mtp_grads)
