@@ -159,7 +159,7 @@ def thd_layout(
     cu_seqlens = torch.cat([zero, lengths.cumsum(0)])
     cu_padded = torch.cat([zero, padded.cumsum(0)])
 
-    # Offset of each valid token within its sample; cells without a token get offset -1.
+    # Offset of each token within its sample (meaningless, and masked out, where there is none).
     offset = mask_long.cumsum(dim=1) - 1
     start = cu_padded[:-1].unsqueeze(1)
     if cp == 1:
