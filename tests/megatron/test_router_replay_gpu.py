@@ -38,12 +38,12 @@ def cuda() -> torch.device:
 
 @pytest.fixture
 def moe_replay_gpu(cuda: torch.device) -> Iterator[torch.device]:
-    from cpu_harness import _free_port
+    from cpu_harness import free_port
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(_free_port())
+    os.environ["MASTER_PORT"] = str(free_port())
     torch.distributed.init_process_group(backend="nccl", rank=0, world_size=1)
     parallel_state.initialize_model_parallel()
     model_parallel_cuda_manual_seed(1234)
