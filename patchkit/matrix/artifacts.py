@@ -41,14 +41,22 @@ class ArtifactError(PatchkitError, RuntimeError):
     """A release artifact could not be found, downloaded or unpacked."""
 
 
+class NoSdist(ArtifactError):
+    """The release has no source distribution on the index."""
+
+
 @dataclass(frozen=True)
 class ArtifactSpec:
-    """How to fetch one distribution's releases: ``kind`` is ``sdist`` or ``wheel``."""
+    """How to fetch one distribution's releases.
+
+    ``kind``: ``sdist``, ``wheel``, or ``auto`` (the sdist, else a wheel for ``python_version`` on
+    any of ``platforms``: vLLM 0.15 has no sdist and its wheel is manylinux_2_31).
+    """
 
     distribution: str
-    kind: str = "sdist"
+    kind: str = "auto"
     python_version: str = "3.12"
-    platform: str = "manylinux_2_28_x86_64"
+    platforms: tuple[str, ...] = ("manylinux_2_28_x86_64", "manylinux_2_31_x86_64", "manylinux_2_34_x86_64")
 
 
 @dataclass(frozen=True)
@@ -81,8 +89,15 @@ def fetch(spec: ArtifactSpec, version: str, cache: Path = DEFAULT_CACHE, keep_ar
     if done.is_file():
         return SourceTree(spec.distribution, version, target / "src", done.read_text().strip())
     with tempfile.TemporaryDirectory(dir=cache.parent if cache.parent.is_dir() else None) as scratch:
-        archive = (_pip_wheel(spec, version, Path(scratch)) if spec.kind == "wheel"
-                   else _index_sdist(spec.distribution, version, Path(scratch), index))
+        if spec.kind == "wheel":
+            archive = _pip_wheel(spec, version, Path(scratch))
+        else:
+            try:
+                archive = _index_sdist(spec.distribution, version, Path(scratch), index)
+            except NoSdist:
+                if spec.kind == "sdist":
+                    raise
+                archive = _pip_wheel(spec, version, Path(scratch))
         if target.exists():
             shutil.rmtree(target)
         (target / "src").mkdir(parents=True)
@@ -95,16 +110,16 @@ def fetch(spec: ArtifactSpec, version: str, cache: Path = DEFAULT_CACHE, keep_ar
 
 
 def _pip_wheel(spec: ArtifactSpec, version: str, into: Path) -> Path:
+    platforms = [arg for platform in spec.platforms for arg in ("--platform", platform)]
     command = [
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--quiet",
-        "--python-version", spec.python_version, "--platform", spec.platform, "--dest", str(into),
-        f"{spec.distribution}=={version}",
+        "--python-version", spec.python_version, *platforms, "--dest", str(into), f"{spec.distribution}=={version}",
     ]
     result = subprocess.run(command, capture_output=True, text=True)
     wheels = sorted(into.glob("*.whl"))
     if result.returncode != 0 or not wheels:
         raise ArtifactError(f"pip download of the {spec.distribution}=={version} wheel for Python "
-                            f"{spec.python_version} on {spec.platform} failed: {result.stderr.strip()[-500:]}")
+                            f"{spec.python_version} on {', '.join(spec.platforms)} failed: {result.stderr.strip()[-500:]}")
     return wheels[0]
 
 
@@ -121,7 +136,7 @@ def _index_sdist(distribution: str, version: str, into: Path, index: str) -> Pat
     files = [f for f in listing.get("files", []) if f["filename"].lower() in wanted]
     if not files:
         sdists = sorted(f["filename"] for f in listing.get("files", []) if f["filename"].endswith(".tar.gz"))
-        raise ArtifactError(f"{distribution} {version} has no sdist on {url}; "
+        raise NoSdist(f"{distribution} {version} has no sdist on {url}; "
                             f"found {len(sdists)} sdists, e.g. {sdists[-3:]}; try the wheel (kind: wheel)")
     chosen = files[0]
     path = into / chosen["filename"]

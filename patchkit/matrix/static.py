@@ -1,0 +1,168 @@
+"""``patchkit matrix static``: upstream releases checked from their artifacts, never installed.
+
+Two uses:
+
+* :func:`verify_matrix`: every version record in the matrix, for every ``Replace``/``Wrap``
+  target of its variant: the symbol is present, its fingerprint and signature are the recorded
+  ones; every ``Add`` target is absent (``Add`` creates what upstream lacks). With ``record``,
+  missing fingerprints/signatures are filled in and ``static`` is added to ``verified_by``.
+* :func:`survey`: a list of symbols over a list of releases, with what changed from one release
+  to the next (new, signature, annotations only, formatting/docstring only, code), as facts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+from ..catalogue import Registered
+from ..declaration import Add, Replace, Target, Wrap
+from .artifacts import DEFAULT_CACHE, ArtifactSpec, SourceTree, fetch
+from .model import IN_RANGE, Matrix, TargetRecord, VersionRecord
+from .symbols import ABSENT, SymbolFacts, inspect_file
+
+logger = logging.getLogger(__name__)
+
+NEW = "new"
+SIG_CHANGED = "sig changed"
+ANNOTATIONS_ONLY = "sig changed (annotations only)"
+FORMAT_ONLY = "≈"  #: the text changed, the docstring-free syntax tree did not
+CODE_CHANGED = "changed"
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One symbol in one release, and how it differs from the release before it in the survey."""
+
+    distribution: str
+    version: str
+    symbol: str
+    facts: SymbolFacts
+    change: str = ""
+
+
+def facts_in(tree: SourceTree, target: Target) -> SymbolFacts:
+    return inspect_file(tree.module_file(target.module), target.path)
+
+
+def change_between(before: SymbolFacts | None, after: SymbolFacts) -> str:
+    """The drift report's markers: what moved between two releases of one symbol."""
+    if after.status == ABSENT or before is None:
+        return ""
+    if before.status == ABSENT:
+        return NEW
+    if before.call_signature != after.call_signature:
+        return SIG_CHANGED
+    if before.signature != after.signature:
+        return ANNOTATIONS_ONLY
+    if before.fingerprint == after.fingerprint:
+        return FORMAT_ONLY if before.text_hash != after.text_hash else ""
+    return CODE_CHANGED
+
+
+def survey(distribution: str, versions: Sequence[str], symbols: Sequence[str], cache: Path = DEFAULT_CACHE,
+           spec: ArtifactSpec | None = None) -> list[Observation]:
+    """Every symbol in every release of ``distribution``, in the order given."""
+    spec = spec or ArtifactSpec(distribution)
+    targets = [Target.parse(symbol) for symbol in symbols]
+    previous: dict[str, SymbolFacts] = {}
+    found = []
+    for version in versions:
+        tree = fetch(spec, version, cache)
+        for symbol, target in zip(symbols, targets):
+            facts = facts_in(tree, target)
+            found.append(Observation(distribution, version, symbol, facts, change_between(previous.get(symbol), facts)))
+            previous[symbol] = facts
+    return found
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A disagreement between a version record and the release artifact, or a confirmation."""
+
+    patch_id: str
+    variant: str
+    versions: str
+    target: str
+    ok: bool
+    message: str
+
+
+def _tree_for(target: Target, trees: Mapping[str, SourceTree]) -> SourceTree | None:
+    for tree in trees.values():
+        if tree.module_file(target.module) is not None:
+            return tree
+    return None
+
+
+def _check_record(patch_id: str, variant_name: str, actions: Iterable[object], record: VersionRecord,
+                  trees: Mapping[str, SourceTree]) -> tuple[list[Finding], dict[str, TargetRecord]]:
+    shown = ", ".join(f"{d} {v}" for d, v in sorted(record.versions.items()))
+    findings: list[Finding] = []
+    measured: dict[str, TargetRecord] = {}
+
+    def note(target: str, ok: bool, message: str) -> None:
+        findings.append(Finding(patch_id, variant_name, shown, target, ok, message))
+
+    for action in actions:
+        if not isinstance(action, (Replace, Wrap, Add)):
+            continue
+        target = Target.parse(action.target)
+        tree = _tree_for(target, trees)
+        facts = facts_in(tree, target) if tree is not None else SymbolFacts(ABSENT)
+        if isinstance(action, Add):
+            note(action.target, facts.status == ABSENT,
+                 "absent, as Add expects" if facts.status == ABSENT else f"already defined ({facts.defined_at}): Add would fail")
+            continue
+        if facts.status == ABSENT:
+            note(action.target, False, f"absent from {', '.join(t.artifact for t in trees.values())}")
+            continue
+        recorded = record.targets.get(action.target, TargetRecord())
+        measured[action.target] = TargetRecord(facts.fingerprint, facts.signature)
+        problems = []
+        if recorded.signature is not None and recorded.signature != facts.signature:
+            problems.append(f"signature {facts.signature} differs from the recorded {recorded.signature}")
+        if recorded.fingerprint is not None and recorded.fingerprint != facts.fingerprint:
+            problems.append(f"fingerprint {facts.fingerprint} differs from the recorded {recorded.fingerprint}")
+        note(action.target, not problems, "; ".join(problems) or f"present ({facts.defined_at}), fingerprint "
+             f"{facts.fingerprint}" + ("" if recorded.fingerprint else " (none recorded yet)"))
+    return findings, measured
+
+
+def verify_matrix(matrix: Matrix, patches: Sequence[Registered], cache: Path = DEFAULT_CACHE,
+                  record: bool = False) -> tuple[list[Finding], Matrix]:
+    """Check every in-range record of every registered variant against its release artifacts.
+
+    Returns the findings and the matrix, updated when ``record`` is set and a record checked out.
+    """
+    findings: list[Finding] = []
+    updated = {pid: dict(variants) for pid, variants in matrix.patches.items()}
+    by_id = {registered.patch.id: registered.patch for registered in patches}
+    for patch_id, variants in matrix.patches.items():
+        patch = by_id.get(patch_id)
+        if patch is None:
+            continue
+        for variant_name, records in variants.items():
+            variant = next((v for v in patch.variants if v.name == variant_name), None)
+            if variant is None or variant.native is not None:
+                continue
+            new_records = []
+            for rec in records:
+                if rec.status not in IN_RANGE:
+                    new_records.append(rec)
+                    continue
+                trees = {dist: fetch(ArtifactSpec(dist), version, cache) for dist, version in rec.versions.items()}
+                found, measured = _check_record(patch_id, variant_name, variant.installs, rec, trees)
+                findings += found
+                if record and all(f.ok for f in found):
+                    targets = {t: TargetRecord(rec.targets.get(t, TargetRecord()).fingerprint or m.fingerprint,
+                                               rec.targets.get(t, TargetRecord()).signature or m.signature)
+                               for t, m in measured.items()}
+                    rec = dataclasses.replace(rec, targets=targets,
+                                              verified_by=tuple(sorted(set(rec.verified_by) | {"static"})))
+                new_records.append(rec)
+            updated[patch_id][variant_name] = tuple(new_records)
+    return findings, dataclasses.replace(matrix, patches=updated)
