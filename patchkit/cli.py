@@ -1,4 +1,4 @@
-"""The ``patchkit`` command: list, status, explain."""
+"""The ``patchkit`` command: list, status, explain, matrix."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Sequence
 
 from . import engine as default_engine
 from .errors import PatchkitError
+from .matrix.cli import add_parser as add_matrix_parser
 from .report import describe, status_json, status_table
 
 
@@ -55,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     explain = commands.add_parser("explain", help="one patch in full, and its state here")
     explain.add_argument("id")
     explain.set_defaults(run=_explain)
+    add_matrix_parser(commands)
     return parser
 
 
