@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import importlib
 import logging
-import pkgutil
-from dataclasses import dataclass
+import os
+from typing import NamedTuple
 
-from .declaration import Patch
+from .declaration import Patch, validate
 from .errors import DeclarationError
 
 logger = logging.getLogger(__name__)
@@ -20,33 +20,41 @@ logger = logging.getLogger(__name__)
 CATALOGUE_PACKAGE = "patchkit.patches"
 
 
-@dataclass(frozen=True)
-class Registered:
+class Registered(NamedTuple):
     """A patch and the package its relative references resolve against."""
 
     patch: Patch
     package: str | None
 
 
-@dataclass(frozen=True)
-class CatalogueError:
+class CatalogueError(NamedTuple):
     """A declaration module that could not be loaded; reported, never raised at start-up."""
 
     module: str
     error: str
 
 
+def _public_children(package_name: str) -> list[tuple[str, bool]]:
+    """(name, is_package) of a package's children not starting with '_', from its folders."""
+    children = {}
+    for folder in importlib.import_module(package_name).__path__:
+        for entry in os.scandir(folder):
+            if entry.name.startswith(("_", ".")):
+                continue
+            if entry.is_dir() and os.path.exists(os.path.join(entry.path, "__init__.py")):
+                children[entry.name] = True
+            elif entry.is_file() and entry.name.endswith(".py"):
+                children[entry.name[:-3]] = False
+    return sorted(children.items())
+
+
 def _declaration_modules(package_name: str) -> list[str]:
-    package = importlib.import_module(package_name)
-    names = []
-    for upstream in pkgutil.iter_modules(package.__path__):
-        if not upstream.ispkg or upstream.name.startswith("_"):
-            continue
-        upstream_package = importlib.import_module(f"{package_name}.{upstream.name}")
-        for module in pkgutil.iter_modules(upstream_package.__path__):
-            if not module.name.startswith("_") and not module.ispkg:
-                names.append(f"{package_name}.{upstream.name}.{module.name}")
-    return sorted(names)
+    # os.scandir rather than pkgutil: same answer for source folders, without pkgutil's import cost.
+    return [
+        f"{package_name}.{upstream}.{module}"
+        for upstream, is_package in _public_children(package_name) if is_package
+        for module, is_subpackage in _public_children(f"{package_name}.{upstream}") if not is_subpackage
+    ]
 
 
 def load(package_name: str = CATALOGUE_PACKAGE) -> tuple[list[Registered], list[CatalogueError]]:
@@ -56,9 +64,11 @@ def load(package_name: str = CATALOGUE_PACKAGE) -> tuple[list[Registered], list[
     for module_name in _declaration_modules(package_name):
         try:
             module = importlib.import_module(module_name)
-            patches = getattr(module, "PATCHES")
-            if not all(isinstance(patch, Patch) for patch in patches):
-                raise DeclarationError(f"{module_name}.PATCHES must hold Patch objects")
+            patches = tuple(module.PATCHES)
+            for patch in patches:
+                if not isinstance(patch, Patch):
+                    raise DeclarationError(f"{module_name}.PATCHES must hold Patch objects, got {patch!r}")
+                validate(patch)
         except Exception as exc:  # a broken declaration must not take the host process down
             logger.error("patchkit: cannot load patch declarations from %s: %r", module_name, exc)
             errors.append(CatalogueError(module_name, repr(exc)))

@@ -2,14 +2,16 @@
 
 Declarations are imported by ``apply_all()`` at process start, so this module and every declaration
 module in the catalogue stay free of heavy imports: references to replacement code are strings
-resolved only when a variant is installed.
+resolved only when a variant is installed. The records are ``NamedTuple``s rather than dataclasses
+because ``dataclasses`` imports ``inspect`` (and ``ast``, ``dis``, ``tokenize``): most of the
+start-up budget. They are validated when registered (:func:`validate`).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Union
+from types import MappingProxyType
+from typing import Any, Mapping, NamedTuple, Union
 
 from .errors import DeclarationError
 
@@ -21,8 +23,7 @@ _ID = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")
 _DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
-@dataclass(frozen=True)
-class Target:
+class Target(NamedTuple):
     """An attribute of an upstream object: ``module`` imported, then ``path`` walked with getattr."""
 
     module: str
@@ -43,8 +44,7 @@ class Target:
         return f"{self.module}:{'.'.join(self.path)}"
 
 
-@dataclass(frozen=True)
-class Replace:
+class Replace(NamedTuple):
     """Set the target attribute to the object ``replacement`` names. No per-call cost."""
 
     target: str
@@ -55,8 +55,7 @@ class Replace:
         return (Target.parse(self.target),)
 
 
-@dataclass(frozen=True)
-class Wrap:
+class Wrap(NamedTuple):
     """Set the target attribute to ``factory(original)``: for patches that delegate to upstream."""
 
     target: str
@@ -67,8 +66,7 @@ class Wrap:
         return (Target.parse(self.target),)
 
 
-@dataclass(frozen=True)
-class Add:
+class Add(NamedTuple):
     """Create an attribute upstream lacks. Fails if it exists; revert deletes it."""
 
     target: str
@@ -79,8 +77,7 @@ class Add:
         return (Target.parse(self.target),)
 
 
-@dataclass(frozen=True)
-class Call:
+class Call(NamedTuple):
     """A patch that is a registration through an upstream API rather than an attribute.
 
     ``install()`` is called once ``after`` (a module name) is imported; ``uninstall()`` undoes it.
@@ -105,8 +102,7 @@ def action_modules(action: Action) -> tuple[str, ...]:
     return tuple(target.module for target in action.targets)
 
 
-@dataclass(frozen=True)
-class Variant:
+class Variant(NamedTuple):
     """One implementation of a patch, valid where every ``requires`` specifier holds.
 
     ``requires`` maps distribution names to PEP 440 specifier sets. ``native`` says upstream has the
@@ -117,17 +113,6 @@ class Variant:
     installs: tuple[Action, ...] = ()
     native: str | None = None
     label: str | None = None
-
-    def __post_init__(self) -> None:
-        if not self.requires:
-            raise DeclarationError("a variant must require at least one distribution")
-        if self.native is None and not self.installs:
-            raise DeclarationError(f"variant {self.name} installs nothing and is not marked native")
-        if self.native is not None and self.installs:
-            raise DeclarationError(f"variant {self.name} is native and cannot also install actions")
-        object.__setattr__(self, "installs", tuple(self.installs))
-        for action in self.installs:
-            action.targets  # validates target syntax at declaration time
 
     @property
     def name(self) -> str:
@@ -145,8 +130,7 @@ class Variant:
         return tuple(seen)
 
 
-@dataclass(frozen=True)
-class Patch:
+class Patch(NamedTuple):
     """A named behaviour change for one or more upstreams, with its variants and its reasons.
 
     ``summary``/``why``/``upstream``/``removal`` are shown by ``patchkit list`` and ``explain``:
@@ -162,18 +146,7 @@ class Patch:
     removal: str
     variants: tuple[Variant, ...]
     opt_in: bool = False
-    version_modules: Mapping[str, str] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if not _ID.match(self.id):
-            raise DeclarationError(f"patch id {self.id!r} must look like 'upstream.name' (lowercase, dots)")
-        if not self.variants:
-            raise DeclarationError(f"{self.id}: declares no variant")
-        object.__setattr__(self, "variants", tuple(self.variants))
-        object.__setattr__(self, "version_modules", dict(self.version_modules))
-        names = [variant.name for variant in self.variants]
-        if len(set(names)) != len(names):
-            raise DeclarationError(f"{self.id}: two variants share a name: {names}")
+    version_modules: Mapping[str, str] = MappingProxyType({})
 
     @property
     def distributions(self) -> tuple[str, ...]:
@@ -190,4 +163,25 @@ class Patch:
         raise KeyError(f"{self.id} has no variant {name!r}")
 
 
-ReferenceResolver = Callable[[Reference], Any]
+def validate(patch: Patch) -> None:
+    """Raise ``DeclarationError`` if ``patch`` is malformed; called when it is registered."""
+    if not _ID.match(patch.id):
+        raise DeclarationError(f"patch id {patch.id!r} must look like 'upstream.name' (lowercase, dots)")
+    if not patch.variants:
+        raise DeclarationError(f"{patch.id}: declares no variant")
+    names = [variant.name for variant in patch.variants]
+    if len(set(names)) != len(names):
+        raise DeclarationError(f"{patch.id}: two variants share a name: {names}")
+    for variant in patch.variants:
+        if not isinstance(variant, Variant):
+            raise DeclarationError(f"{patch.id}: variants must be Variant objects, got {variant!r}")
+        if not variant.requires:
+            raise DeclarationError(f"{patch.id}: variant {variant.name} requires no distribution")
+        if variant.native is None and not variant.installs:
+            raise DeclarationError(f"{patch.id}: variant {variant.name} installs nothing and is not native")
+        if variant.native is not None and variant.installs:
+            raise DeclarationError(f"{patch.id}: variant {variant.name} is native and cannot install actions")
+        for action in variant.installs:
+            if not isinstance(action, (Replace, Wrap, Add, Call)):
+                raise DeclarationError(f"{patch.id}: {action!r} is not an action (Replace, Wrap, Add, Call)")
+            _ = action.targets  # parsing raises on a malformed target path

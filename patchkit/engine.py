@@ -13,15 +13,15 @@ import contextlib
 import fnmatch
 import importlib
 import logging
+import os
 import sys
 import threading
 import weakref
-from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from . import settings as settings_module
 from .catalogue import CatalogueError, Registered
-from .declaration import Patch, Variant
+from .declaration import Patch, Variant, validate
 from .errors import (
     ConfigError,
     DeclarationError,
@@ -40,20 +40,23 @@ from .versions import InstalledVersion, Outcome, installed_version, select_varia
 logger = logging.getLogger("patchkit")
 
 
-@dataclass
 class _Entry:
-    """What the engine knows and holds for one patch."""
+    """What the engine knows and holds for one patch (mutable, guarded by the engine's lock)."""
 
-    registered: Registered
-    state: State = State.REGISTERED
-    reason: Reason | None = None
-    detail: str = ""
-    variant: Variant | None = None
-    versions: dict[str, str | None] = field(default_factory=dict)
-    error: str | None = None
-    waiting_for: tuple[str, ...] = ()
-    installed: list[Installed | Registration] = field(default_factory=list)
-    settings: Settings = field(default_factory=Settings)
+    __slots__ = ("registered", "state", "reason", "detail", "variant", "versions", "error", "waiting_for",
+                 "installed", "settings")
+
+    def __init__(self, registered: Registered) -> None:
+        self.registered = registered
+        self.state = State.REGISTERED
+        self.reason: Reason | None = None
+        self.detail = ""
+        self.variant: Variant | None = None
+        self.versions: dict[str, str | None] = {}
+        self.error: str | None = None
+        self.waiting_for: tuple[str, ...] = ()
+        self.installed: list[Installed | Registration] = []
+        self.settings = Settings()
 
     @property
     def patch(self) -> Patch:
@@ -103,8 +106,10 @@ class Engine:
     def register(self, patch: Patch, package: str | None = None) -> None:
         """Add a patch. Its relative references resolve against ``package``."""
         with self._lock:
+            validate(patch)
             if patch.id in self._entries:
                 raise DeclarationError(f"patch id {patch.id!r} is registered twice")
+            patch = patch._replace(variants=tuple(patch.variants), version_modules=dict(patch.version_modules))
             self._entries[patch.id] = _Entry(Registered(patch, package))
             self._entries = dict(sorted(self._entries.items()))
 
@@ -119,7 +124,8 @@ class Engine:
         if entry is None:
             import difflib
 
-            raise UnknownPatchError(variable, patch_id, difflib.get_close_matches(patch_id, self.ids(), n=3, cutoff=0.5))
+            close = difflib.get_close_matches(patch_id, self.ids(), n=3, cutoff=0.5)
+            raise UnknownPatchError(variable, patch_id, close)
         return entry
 
     # -- applying -------------------------------------------------------------------------------
@@ -221,7 +227,7 @@ class Engine:
         if explicit is not None:
             return explicit
         try:
-            env = __import__("os").environ if environ is None else environ
+            env = os.environ if environ is None else environ
             return settings_module.parse_bool(settings_module.STRICT, env.get(settings_module.STRICT, ""))
         except ConfigError:
             return False

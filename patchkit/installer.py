@@ -10,8 +10,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from .declaration import Action, Add, Call, Reference, Replace, Target, Wrap
 from .errors import ForeignWrapperError, PatchInstallError, TargetResolutionError
@@ -76,8 +75,7 @@ def _unwrapped(raw: Any) -> Any:
     return raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
 
 
-@dataclass
-class Installed:
+class Installed(NamedTuple):
     """One attribute patchkit set, with what it needs to put things back."""
 
     target: str
@@ -96,8 +94,7 @@ class Installed:
             setattr(self.owner, self.name, self.previous)
 
 
-@dataclass
-class Registration:
+class Registration(NamedTuple):
     """A ``Call`` action that ran; ``undo`` reverses it."""
 
     target: str
@@ -152,8 +149,8 @@ def install_all(patch_id: str, actions: tuple[Action, ...], package: str | None)
             rollback(done)
             if isinstance(exc, (TargetResolutionError, KeyboardInterrupt, SystemExit)):
                 raise
-            target = getattr(action, "target", None) or getattr(action, "after", "?")
-            raise PatchInstallError(patch_id, target, exc) from exc
+            where = action.after if isinstance(action, Call) else action.target
+            raise PatchInstallError(patch_id, where, exc) from exc
     return done
 
 

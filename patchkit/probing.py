@@ -7,7 +7,6 @@ release, or a config object from another framework, may not have the field at al
 from __future__ import annotations
 
 import functools
-import inspect
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -47,6 +46,8 @@ def first_field(obj: Any, paths: Iterable[str], default: Any = None) -> Any:
 
 def _keyword_names(func: Callable[..., Any]) -> frozenset[str] | None:
     """Names ``func`` accepts as keywords; None when it takes ``**kwargs`` (any name)."""
+    import inspect  # only when a patch first probes a signature: it costs a few ms to import
+
     try:
         parameters = inspect.signature(func).parameters.values()
     except (TypeError, ValueError):  # a builtin without a signature: accepts nothing we can prove

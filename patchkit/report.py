@@ -16,9 +16,9 @@ def status_table(records: Iterable[PatchStatus]) -> str:
         state = record.state.value + (f" ({record.reason.value})" if record.reason else "")
         rows.append((record.id, state, record.variant or "-", why))
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
-    return "\n".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths)) + "  " + row[3] for row in rows
-    )
+    lines = ("  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths, strict=True)) + "  " + row[3]
+             for row in rows)
+    return "\n".join(lines)
 
 
 def status_json(records: Iterable[PatchStatus]) -> str:

@@ -6,13 +6,11 @@ call, never on a hot path.
 
 from __future__ import annotations
 
-import difflib
 import fnmatch
 import logging
 import os
 import re
-from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, NamedTuple, Sequence
 
 from .errors import ConfigError, UnknownPatchError
 
@@ -38,8 +36,7 @@ _FALSE = frozenset({"0", "false", "no", "off", ""})
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
-@dataclass(frozen=True)
-class Settings:
+class Settings(NamedTuple):
     """The toggles in force for one ``apply_all()`` call."""
 
     enable: tuple[str, ...] | None = None  #: None: no restriction
@@ -140,5 +137,8 @@ def check_known(settings: Settings, known_ids: Sequence[str]) -> list[str]:
                 if not any(fnmatch.fnmatchcase(known, pattern) for known in known_ids):
                     warnings.append(f"{variable}: {pattern!r} matches no known patch")
             elif pattern not in known_ids:
-                raise UnknownPatchError(variable, pattern, difflib.get_close_matches(pattern, known_ids, n=3, cutoff=0.5))
+                import difflib
+
+                close = difflib.get_close_matches(pattern, known_ids, n=3, cutoff=0.5)
+                raise UnknownPatchError(variable, pattern, close)
     return warnings

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Mapping
+from types import MappingProxyType
+from typing import Any, Mapping, NamedTuple
 
 
 class State(str, Enum):
@@ -35,8 +35,7 @@ class Reason(str, Enum):
     DRIFTED = "drifted"
 
 
-@dataclass(frozen=True)
-class PatchStatus:
+class PatchStatus(NamedTuple):
     """One patch's state in this process."""
 
     id: str
@@ -44,7 +43,7 @@ class PatchStatus:
     reason: Reason | None = None
     detail: str = ""
     variant: str | None = None
-    versions: Mapping[str, str | None] = field(default_factory=dict)
+    versions: Mapping[str, str | None] = MappingProxyType({})
     error: str | None = None
     targets: tuple[str, ...] = ()
 

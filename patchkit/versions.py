@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Mapping, NamedTuple
 
 from .declaration import Patch, Variant
 from .errors import DeclarationError
@@ -28,8 +27,7 @@ class Availability(Enum):
     DEFERRED = "deferred"
 
 
-@dataclass(frozen=True)
-class InstalledVersion:
+class InstalledVersion(NamedTuple):
     availability: Availability
     version: "Version | None" = None
     raw: str | None = None
@@ -121,8 +119,7 @@ class Outcome(Enum):
     UNSUPPORTED = "unsupported"
 
 
-@dataclass(frozen=True)
-class Selection:
+class Selection(NamedTuple):
     outcome: Outcome
     variant: Variant | None = None
     #: For UNSUPPORTED: the variant nearest the installed versions, which PATCHKIT_FORCE applies.
@@ -136,23 +133,21 @@ def select_variant(patch: Patch, versions: Mapping[str, InstalledVersion]) -> Se
     candidates = [v for v in patch.variants if all(_present(versions.get(d)) for d in v.requires)]
     if not candidates:
         missing = sorted({d for v in patch.variants for d in v.requires if not _present(versions.get(d))})
-        deferred = tuple(
-            sorted({versions[d].module for d in missing if versions.get(d) and versions[d].module and
-                    versions[d].availability is Availability.DEFERRED})  # type: ignore[misc]
-        )
-        if deferred and all(versions[d].availability is Availability.DEFERRED for d in missing):
-            return Selection(Outcome.DEFERRED, waiting_for=deferred,
-                             detail=f"version of {', '.join(missing)} known once {', '.join(deferred)} is imported")
+        waiting = sorted({found.module for d in missing if (found := versions.get(d)) is not None
+                          and found.availability is Availability.DEFERRED and found.module})
+        if len(waiting) == len(missing):  # every missing version is only waiting for an import
+            return Selection(Outcome.DEFERRED, waiting_for=tuple(waiting),
+                             detail=f"version of {', '.join(missing)} known once {', '.join(waiting)} is imported")
         return Selection(Outcome.NOT_INSTALLED, detail=f"{', '.join(missing)} not installed")
     matching = [v for v in candidates if variant_matches(v, versions)]
     if len(matching) > 1:
         raise DeclarationError(f"{patch.id}: variants {[v.name for v in matching]} overlap")
     if matching:
         return Selection(Outcome.SELECTED, variant=matching[0])
-    found = ", ".join(f"{d} {versions[d].raw}" for d in patch.distributions if _present(versions.get(d)))
+    installed = ", ".join(f"{d} {versions[d].raw}" for d in patch.distributions if _present(versions.get(d)))
     ranges = "; ".join(v.name for v in patch.variants)
     return Selection(Outcome.UNSUPPORTED, nearest=_nearest(candidates, versions),
-                     detail=f"installed {found} is outside the verified ranges ({ranges})")
+                     detail=f"installed {installed} is outside the verified ranges ({ranges})")
 
 
 def _present(found: InstalledVersion | None) -> bool:

@@ -48,7 +48,7 @@ def test_apply_twice_installs_the_same_objects(engine, make_upstream):
     engine.apply_all()
     first = snapshot(core)
     engine.apply_all()
-    assert all(a is b for a, b in zip(first, snapshot(core)))
+    assert all(a is b for a, b in zip(first, snapshot(core), strict=True))
     assert first == (patched_forward, patched_backward, patched_compute)
     assert core.Model().forward(1) == 1001
 
@@ -68,7 +68,7 @@ def test_failure_at_any_target_rolls_every_target_back(engine, make_upstream, fa
     (record,) = engine.apply_all()
     assert record.state is State.FAILED and "injected failure" in record.error
     assert installs[failing_index].target in record.error
-    assert all(a is b for a, b in zip(originals, snapshot(core)))
+    assert all(a is b for a, b in zip(originals, snapshot(core), strict=True))
 
 
 def test_missing_target_skips_the_whole_patch(engine, make_upstream):
@@ -80,7 +80,7 @@ def test_missing_target_skips_the_whole_patch(engine, make_upstream):
     (record,) = engine.apply_all()
     assert record.state is State.SKIPPED and record.reason is Reason.TARGET_MISSING
     assert f"{up.core}:Model.renamed_upstream" in record.detail
-    assert all(a is b for a, b in zip(originals, snapshot(core)))
+    assert all(a is b for a, b in zip(originals, snapshot(core), strict=True))
 
 
 def test_revert_restores_originals_by_identity(engine, make_upstream):
@@ -91,7 +91,7 @@ def test_revert_restores_originals_by_identity(engine, make_upstream):
     engine.apply_all()
     record = engine.revert("toy.multi")
     assert record.state is State.REVERTED
-    assert all(a is b for a, b in zip(originals, snapshot(core)))
+    assert all(a is b for a, b in zip(originals, snapshot(core), strict=True))
     engine.apply_all()  # a reverted patch is applied again by the next apply
     assert snapshot(core)[0] is patched_forward
 

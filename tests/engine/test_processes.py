@@ -66,8 +66,8 @@ def test_patch_failing_inside_an_import_hook_does_not_break_the_import(make_upst
 def test_strict_mode_lets_the_hook_failure_reach_the_import(make_upstream):
     up = make_upstream()
     code = prelude(up, action="Wrap", replacement="broken_factory")
-    result = subprocess.run([sys.executable, "-c", code + "patchkit.apply_all(strict=True)\nimport %s.core" % up.package],
-                            capture_output=True, text=True, timeout=60)
+    code += "patchkit.apply_all(strict=True)\nimport %s.core" % up.package
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode != 0 and "PatchInstallError" in result.stderr
 
 

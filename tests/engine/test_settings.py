@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from patchkit import ConfigError, Patch, Reason, Replace, State, UnknownPatchError, Variant
-from patchkit import settings
+from patchkit import ConfigError, Patch, Reason, Replace, State, UnknownPatchError, Variant, settings
 
 
 def forward(self, x):

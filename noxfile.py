@@ -1,0 +1,91 @@
+"""Test environments, one per upstream version set, generated from compat_matrix.yaml.
+
+    nox -s demo          install the real upstreams, apply the patches, print the status
+    nox -t ci            the representative subset CI runs (entries marked `ci: true`)
+    nox -l               every environment; `nox -s tests-<name>` runs one
+"""
+
+from __future__ import annotations
+
+import pathlib
+import xml.etree.ElementTree as ET
+
+import nox
+import yaml
+
+ROOT = pathlib.Path(__file__).parent
+MATRIX = yaml.safe_load((ROOT / "compat_matrix.yaml").read_text())
+REPORTS = ROOT / ".nox" / "reports"
+
+nox.options.default_venv_backend = "venv"
+nox.options.reuse_existing_virtualenvs = True
+nox.options.error_on_missing_interpreters = True
+
+#: The main job's upstreams: what a Megatron + ModelOpt trainer has installed.
+DEMO_INSTALL = [
+    ["torch==2.13.0"],
+    ["megatron-core==0.16.1", "nvidia-modelopt==0.47.0", "requests", "huggingface_hub"],
+]
+
+
+def _install_environment(session: nox.Session, env: dict) -> None:
+    for step in env.get("install", []):
+        session.install(*step)
+    for package in env.get("uninstall", []):
+        session.run("python", "-m", "pip", "uninstall", "-y", "-q", package, silent=True)
+    session.install("-e", ".", "pytest")
+
+
+def _tests_session(name: str, env: dict):
+    def run_tests(session: nox.Session) -> None:
+        _install_environment(session, env)
+        REPORTS.mkdir(parents=True, exist_ok=True)
+        session.run("pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={REPORTS / name}.xml",
+                    *env["tests"], *session.posargs, env={str(k): str(v) for k, v in env.get("env", {}).items()})
+
+    run_tests.__doc__ = env.get("description", f"tests against {name}")
+    return run_tests
+
+
+for _name, _env in MATRIX["environments"].items():
+    nox.session(name=f"tests-{_name}", tags=["ci"] if _env.get("ci") else [])(_tests_session(_name, _env))
+
+
+@nox.session(tags=["ci"])
+def lint(session: nox.Session) -> None:
+    """ruff over everything, mypy --strict over the engine."""
+    session.install("ruff", "mypy", "-e", ".")
+    session.run("ruff", "check", "patchkit", "patches", "tests", "benchmarks", "noxfile.py")
+    session.run("mypy")
+
+
+@nox.session(tags=["ci"], venv_backend="none")
+def summary(session: nox.Session) -> None:
+    """Add up the junit reports of the environments that ran, as one closing line."""
+    totals = {"passed": 0, "failed": 0, "skipped": 0}
+    for report in sorted(REPORTS.glob("*.xml")):
+        for suite in ET.parse(report).getroot().iter("testsuite"):
+            tests, skipped = int(suite.get("tests", 0)), int(suite.get("skipped", 0))
+            failed = int(suite.get("failures", 0)) + int(suite.get("errors", 0))
+            totals["passed"] += tests - skipped - failed
+            totals["failed"] += failed
+            totals["skipped"] += skipped
+            session.log(f"{report.stem}: {tests - skipped - failed} passed, {failed} failed, {skipped} skipped")
+    print(f"ci: {totals['passed']} passed, {totals['failed']} failed, {totals['skipped']} skipped")
+    if totals["failed"] or not totals["passed"]:
+        session.error("tests failed or none ran")
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """The main job: install patchkit with the real upstreams, apply every patch, print the status."""
+    _install_environment(session, {"install": DEMO_INSTALL})
+    session.run("patchkit", "status")
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """The benchmarks in benchmarks/, each printing its ratios."""
+    _install_environment(session, {"install": [["torch==2.13.0"]]})
+    for script in sorted((ROOT / "benchmarks").glob("bench_*.py")):
+        session.run("python", str(script))
