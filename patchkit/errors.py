@@ -92,5 +92,6 @@ class DriftError(PatchkitError):
         super().__init__(
             f"{patch_id}: not applied, upstream code at {', '.join(self.targets)} differs from the fingerprint "
             f"recorded for variant {variant} on {'; '.join(self.compared)}; check the patch against the installed "
-            f"upstream, then run its tests and `patchkit matrix record`, or set PATCHKIT_STRICT=0 to apply it with a warning"
+            f"upstream, then run its tests and `patchkit matrix record`, or set PATCHKIT_STRICT=0 to apply it "
+            f"with a warning"
         )

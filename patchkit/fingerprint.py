@@ -21,7 +21,7 @@ import inspect
 import os
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from .declaration import Target
 
@@ -133,12 +133,14 @@ def target_fingerprint(target: Target) -> str | None:
 
 
 def _object_fingerprint(target: Target) -> str | None:
-    obj = sys.modules.get(target.module)
+    obj: Any = sys.modules.get(target.module)
     for name in target.path:
         obj = getattr(obj, name, None)
         if obj is None:
             return None
-    obj = inspect.unwrap(getattr(obj, "__func__", obj))
+    obj = getattr(obj, "__func__", obj)
+    if callable(obj):
+        obj = inspect.unwrap(obj)
     module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
     if not module or not qualname or "<locals>" in qualname:
         return None

@@ -119,8 +119,9 @@ def _pip_wheel(spec: ArtifactSpec, version: str, into: Path) -> Path:
     wheels = sorted(into.glob("*.whl"))
     if result.returncode != 0 or not wheels:
         raise ArtifactError(f"pip download of the {spec.distribution}=={version} wheel for Python "
-                            f"{spec.python_version} on {', '.join(spec.platforms)} failed: {result.stderr.strip()[-500:]}")
-    return wheels[0]
+                            f"{spec.python_version} on {', '.join(spec.platforms)} failed: "
+                            f"{result.stderr.strip()[-500:]}")
+    return Path(wheels[0])
 
 
 def _index_sdist(distribution: str, version: str, into: Path, index: str) -> Path:
@@ -139,7 +140,7 @@ def _index_sdist(distribution: str, version: str, into: Path, index: str) -> Pat
         raise NoSdist(f"{distribution} {version} has no sdist on {url}; "
                             f"found {len(sdists)} sdists, e.g. {sdists[-3:]}; try the wheel (kind: wheel)")
     chosen = files[0]
-    path = into / chosen["filename"]
+    path: Path = into / str(chosen["filename"])
     digest = hashlib.sha256()
     with urllib.request.urlopen(chosen["url"], timeout=600) as response, path.open("wb") as out:
         for block in iter(lambda: response.read(1 << 20), b""):

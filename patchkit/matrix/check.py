@@ -84,27 +84,28 @@ def check(matrix: Matrix, patches: Sequence[Registered]) -> list[Disagreement]:
                 problems.append(Disagreement(None, f"{patch_id}: variants {first.name!r} and {second.name!r} overlap "
                                              f"(both select {shown})"))
     for patch_id, variants in matrix.patches.items():
-        patch = registered.get(patch_id)
-        if patch is None:
-            first = next((r for rs in variants.values() for r in rs), None)
-            problems.append(Disagreement(first.position if first else where,
+        known = registered.get(patch_id)
+        if known is None:
+            example = next((r for rs in variants.values() for r in rs), None)
+            problems.append(Disagreement(example.position if example else where,
                                          f"{patch_id}: in the matrix but no such patch is registered "
                                          f"(known: {', '.join(sorted(registered)) or 'none'})"))
             continue
-        for variant_name, records in variants.items():
-            variant = next((v for v in patch.variants if v.name == variant_name), None)
-            if variant is None:
-                position = records[0].position if records else where
-                problems.append(Disagreement(position, f"{patch_id}: the matrix has variant {variant_name!r}, the patch "
-                                             f"declares {', '.join(repr(v.name) for v in patch.variants)}"))
+        for variant_name, found in variants.items():
+            declared = next((v for v in known.variants if v.name == variant_name), None)
+            if declared is None:
+                position = found[0].position if found else where
+                problems.append(Disagreement(position, f"{patch_id}: the matrix has variant {variant_name!r}, "
+                                             f"the patch declares {', '.join(repr(v.name) for v in known.variants)}"))
                 continue
-            problems += _check_records(matrix, patch_id, variant, records)
+            problems += _check_records(matrix, patch_id, declared, found)
     return problems
 
 
-def _check_records(matrix: Matrix, patch_id: str, variant: Variant, records: Sequence[VersionRecord]) -> list[Disagreement]:
+def _check_records(matrix: Matrix, patch_id: str, variant: Variant,
+                   records: Sequence[VersionRecord]) -> list[Disagreement]:
     problems = []
-    declared = {action.target for action in variant.installs if hasattr(action, "target")}
+    declared = {str(target) for action in variant.installs for target in action.targets}
     for record in records:
         shown = ", ".join(f"{d} {v}" for d, v in sorted(record.versions.items()))
         inside = covers(variant, record.versions)

@@ -7,7 +7,9 @@ import difflib
 import json
 import sys
 from pathlib import Path
+from typing import Callable
 
+from ..catalogue import Registered
 from .loader import FILENAME, default_path
 
 
@@ -28,7 +30,7 @@ def _matrix_path(args: argparse.Namespace) -> Path:
     return shipped
 
 
-def _registry() -> list:
+def _registry() -> list[Registered]:
     from ..catalogue import load
 
     patches, errors = load()
@@ -44,7 +46,8 @@ def _diff_or_write(path: Path, old: str, new: str, check: bool) -> int:
         _write(f"{path}: up to date")
         return 0
     if check:
-        sys.stdout.writelines(difflib.unified_diff(old.splitlines(True), new.splitlines(True), str(path), f"{path} (expected)"))
+        diff = difflib.unified_diff(old.splitlines(True), new.splitlines(True), str(path), f"{path} (expected)")
+        sys.stdout.writelines(diff)
         _write(f"{path} is stale: run the command without --check and commit the result")
         return 1
     path.write_text(new, encoding="utf-8")
@@ -90,8 +93,8 @@ def _static(args: argparse.Namespace) -> int:
             for o in rows:
                 f = o.facts
                 where = f" ({f.defined_at})" if f.status == "inherited" else ""
-                _write(f"{o.distribution} {o.version} {o.symbol}: {f.status}{where}"
-                       + (f" {f.text_hash} {f.fingerprint} {o.change}".rstrip() + f" {f.signature}" if f.signature else ""))
+                found = f" {f.text_hash} {f.fingerprint} {o.change}".rstrip() + f" {f.signature}" if f.signature else ""
+                _write(f"{o.distribution} {o.version} {o.symbol}: {f.status}{where}{found}")
         return 0
     from . import load, writer
 
@@ -126,7 +129,7 @@ def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     matrix = commands.add_parser("matrix", help="compat_matrix.yaml: check, record, static, table")
     sub = matrix.add_subparsers(dest="matrix_command", required=True)
 
-    def command(name: str, run, help: str) -> argparse.ArgumentParser:
+    def command(name: str, run: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
         parser = sub.add_parser(name, help=help)
         parser.add_argument("--matrix", help=f"the matrix file (default: ./{FILENAME}, else the shipped one)")
         parser.set_defaults(run=run)
@@ -138,8 +141,10 @@ def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     record.add_argument("--check", action="store_true", help="write nothing; exit 1 if recording would change the file")
     static = command("static", _static, "verify the matrix's versions from downloaded release artifacts")
     static.add_argument("--cache", help="where artifacts are unpacked (default: ~/.cache/patchkit/artifacts)")
-    static.add_argument("--record", action="store_true", help="fill in missing fingerprints and add 'static' to verified_by")
-    static.add_argument("--symbols", help="survey the symbols of a YAML file {dist: {versions: [...], symbols: [...]}} instead")
+    static.add_argument("--record", action="store_true",
+                        help="fill in missing fingerprints and add 'static' to verified_by")
+    static.add_argument("--symbols",
+                        help="survey the symbols of a YAML file {dist: {versions: [...], symbols: [...]}} instead")
     static.add_argument("--json", action="store_true", help="with --symbols: machine-readable facts")
     table = command("table", _table, "write the supported-versions table into the README")
     table.add_argument("--readme", default="README.md")

@@ -61,15 +61,15 @@ def measure(patch: Patch, environment: str) -> tuple[str, VersionRecord] | None:
     return variant.name, VersionRecord(versions, status, (f"tests:{environment}",), targets)
 
 
-def merge(patches: Mapping[str, Mapping[str, Sequence[VersionRecord]]], patch_id: str, variant: str,
+def merge(patches: Mapping[str, Mapping[str, tuple[VersionRecord, ...]]], patch_id: str, variant: str,
           new: VersionRecord) -> dict[str, dict[str, tuple[VersionRecord, ...]]]:
     """``patches`` with ``new`` in place of the record of the same versions (if any)."""
     merged = {pid: dict(variants) for pid, variants in patches.items()}
     records = list(merged.setdefault(patch_id, {}).get(variant, ()))
     for i, old in enumerate(records):
         if old.key() == new.key():
-            records[i] = dataclasses.replace(new, verified_by=tuple(sorted(set(old.verified_by) | set(new.verified_by))),
-                                             note=old.note)
+            sources = tuple(sorted(set(old.verified_by) | set(new.verified_by)))
+            records[i] = dataclasses.replace(new, verified_by=sources, note=old.note)
             break
     else:
         records.append(new)
@@ -84,7 +84,7 @@ def record(matrix: Matrix, patches: Sequence[Registered], environment: str) -> M
 
         raise ConfigError("--env", environment, f"an environment of {matrix.path}: {', '.join(matrix.environments)}",
                           problem="not an environment in the matrix")
-    updated: Mapping[str, Mapping[str, Sequence[VersionRecord]]] = matrix.patches
+    updated: Mapping[str, Mapping[str, tuple[VersionRecord, ...]]] = matrix.patches
     for registered in patches:
         measured = measure(registered.patch, environment)
         if measured is not None:

@@ -23,14 +23,17 @@ SCHEMA_VERSION = 1
 _STR = "tag:yaml.org,2002:str"
 _INT = "tag:yaml.org,2002:int"
 _BOOL = "tag:yaml.org,2002:bool"
+_FLOAT = "tag:yaml.org,2002:float"
 _ENV_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _FINGERPRINT = re.compile(r"^[0-9a-f]{16}$")
 _VERIFIED_BY = re.compile(r"^(static|tests:[a-z0-9][a-z0-9._-]*)$")
 _PATCH_ID = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")
-_TAG_NAMES = {_STR: "a string", _INT: "an integer", _BOOL: "a boolean", "tag:yaml.org,2002:float": "a number",
+_TAG_NAMES = {_STR: "a string", _INT: "an integer", _BOOL: "a boolean", _FLOAT: "a number",
               "tag:yaml.org,2002:null": "nothing (null)"}
 
 T = TypeVar("T")
+#: A mapping's string keys, each with its key node (for positions) and its value node.
+Fields = dict[str, tuple[yaml.Node, yaml.Node]]
 
 
 @dataclass(frozen=True)
@@ -78,37 +81,42 @@ class _Reader:
 
     # -- primitives -------------------------------------------------------------------------------
 
-    def mapping(self, node: yaml.Node, where: str, expected: str = "a mapping") -> dict[str, tuple[yaml.Node, yaml.Node]]:
+    def mapping(self, node: yaml.Node, where: str, expected: str = "a mapping") -> Fields:
         """Keys (strings) to (key node, value node); duplicate and non-string keys are problems."""
         if not isinstance(node, yaml.MappingNode):
             self.problem(node, where, expected)
             return {}
-        found: dict[str, tuple[yaml.Node, yaml.Node]] = {}
+        found: Fields = {}
         for key, value in node.value:
             if not isinstance(key, yaml.ScalarNode) or key.tag != _STR:
                 self.problem(key, where, "string keys", _describe(key))
                 continue
             if key.value in found:
                 first = self.at(found[key.value][0])
-                self.problem(key, f"{where}.{key.value}", f"each key once (first at line {first.line})", "a duplicate key")
+                self.problem(key, f"{where}.{key.value}", f"each key once (first at line {first.line})",
+                             "a duplicate key")
                 continue
             found[key.value] = (key, value)
         return found
 
-    def keys(self, fields: dict[str, tuple[yaml.Node, yaml.Node]], where: str, required: tuple[str, ...],
-             optional: tuple[str, ...], node: yaml.Node) -> None:
+    def keys(self, fields: Fields, where: str, required: tuple[str, ...], optional: tuple[str, ...],
+             node: yaml.Node) -> None:
         for name in required:
             if name not in fields:
                 self.problem(node, where, f"a key {name!r}", f"keys {sorted(fields)}" if fields else "no keys")
         for name, (key, _) in fields.items():
             if name not in required + optional:
-                self.problem(key, f"{where}.{name}", f"one of {', '.join(required + optional)}", f"unknown key {name!r}")
+                self.problem(key, f"{where}.{name}", f"one of {', '.join(required + optional)}",
+                             f"unknown key {name!r}")
 
     def string(self, node: yaml.Node, where: str, expected: str = "a string") -> str | None:
         if isinstance(node, yaml.ScalarNode) and node.tag == _STR:
-            return node.value
+            return str(node.value)
         self.problem(node, where, expected)
         return None
+
+    def text(self, node: yaml.Node, where: str) -> str:
+        return self.string(node, where) or ""
 
     def boolean(self, node: yaml.Node, where: str) -> bool | None:
         if isinstance(node, yaml.ScalarNode) and node.tag == _BOOL:
@@ -126,74 +134,80 @@ class _Reader:
         items = self.sequence(node, where, expected)
         return tuple(s for i, item in enumerate(items) if (s := self.string(item, f"{where}[{i}]")) is not None)
 
-    def optional(self, fields: dict[str, tuple[yaml.Node, yaml.Node]], name: str, read: Callable[[yaml.Node], T],
-                 default: T) -> T:
-        return read(fields[name][1]) if name in fields else default
+    def optional(self, fields: Fields, name: str, where: str, read: Callable[[yaml.Node, str], T]) -> T | None:
+        """``read(value, "<where>.<name>")`` if the key is there, else None."""
+        return read(fields[name][1], f"{where}.{name}") if name in fields else None
 
     # -- the schema -------------------------------------------------------------------------------
 
     def document(self, root: yaml.Node | None) -> Matrix:
+        expected = "a mapping with 'schema' and 'environments'"
         if root is None:
-            self.problems.append(Problem(Position(self.path, 1, 1), "the file", "a mapping with 'schema' and "
-                                         "'environments'", "an empty document"))
+            self.problems.append(Problem(Position(self.path, 1, 1), "the file", expected, "an empty document"))
             return Matrix(Path(self.path), SCHEMA_VERSION, {}, {})
-        fields = self.mapping(root, "the file", "a mapping with 'schema' and 'environments'")
+        fields = self.mapping(root, "the file", expected)
         self.keys(fields, "the file", ("schema", "environments"), ("patches",), root)
-        schema = SCHEMA_VERSION
         if "schema" in fields:
             node = fields["schema"][1]
             if not (isinstance(node, yaml.ScalarNode) and node.tag == _INT and int(node.value) == SCHEMA_VERSION):
                 self.problem(node, "schema", f"{SCHEMA_VERSION} (the schema version this patchkit reads)")
-        environments = self.optional(fields, "environments", self.environments, {})
-        patches = self.optional(fields, "patches", self.patches, {})
+        environments = self.optional(fields, "environments", "", self.environments) or {}
+        patches = self.optional(fields, "patches", "", self.patches) or {}
         positions = {name: self.at(key) for name, (key, _) in fields.items()}
-        return Matrix(Path(self.path), schema, environments, patches, positions)
+        return Matrix(Path(self.path), SCHEMA_VERSION, environments, patches, positions)
 
-    def environments(self, node: yaml.Node) -> dict[str, Environment]:
+    def environments(self, node: yaml.Node, where: str) -> dict[str, Environment]:
         found = {}
         for name, (key, value) in self.mapping(node, "environments", "a mapping of environment names").items():
-            where = f"environments.{name}"
+            here = f"environments.{name}"
             if not _ENV_NAME.match(name):
-                self.problem(key, where, "an environment name of lowercase letters, digits, '.', '_' or '-'",
+                self.problem(key, here, "an environment name of lowercase letters, digits, '.', '_' or '-'",
                              repr(name))
-            fields = self.mapping(value, where)
-            self.keys(fields, where, ("install", "tests"), ("uninstall", "env", "ci", "description"), value)
-            install = tuple(
-                self.strings(step, f"{where}.install[{i}]", "a list of pip arguments")
-                for i, step in enumerate(self.optional(fields, "install",
-                                                       lambda n: self.sequence(n, f"{where}.install",
-                                                                               "a list of pip-argument lists"), []))
-            )
-            tests = self.optional(fields, "tests", lambda n: self.strings(n, f"{where}.tests", "a list of test paths"), ())
-            if "tests" in fields and not tests and isinstance(fields["tests"][1], yaml.SequenceNode):
-                self.problem(fields["tests"][1], f"{where}.tests", "at least one test path", "an empty list")
-            env: dict[str, str] = {}
-            for var, (_, val) in self.optional(fields, "env", lambda n: self.mapping(n, f"{where}.env"), {}).items():
-                if isinstance(val, yaml.ScalarNode) and val.tag in (_STR, _INT, _BOOL):
-                    env[var] = val.value
-                else:
-                    self.problem(val, f"{where}.env.{var}", "a string value")
+            fields = self.mapping(value, here)
+            self.keys(fields, here, ("install", "tests"), ("uninstall", "env", "ci", "description"), value)
             found[name] = Environment(
-                name=name, tests=tests, install=install,
-                uninstall=self.optional(fields, "uninstall", lambda n: self.strings(n, f"{where}.uninstall"), ()),
-                env=env,
-                ci=bool(self.optional(fields, "ci", lambda n: self.boolean(n, f"{where}.ci"), False)),
-                description=self.optional(fields, "description", lambda n: self.string(n, f"{where}.description") or "", ""),
+                name=name,
+                tests=self.optional(fields, "tests", here, self.test_paths) or (),
+                install=self.optional(fields, "install", here, self.install_steps) or (),
+                uninstall=self.optional(fields, "uninstall", here, self.strings) or (),
+                env=self.optional(fields, "env", here, self.variables) or {},
+                ci=bool(self.optional(fields, "ci", here, self.boolean)),
+                description=self.optional(fields, "description", here, self.text) or "",
                 position=self.at(key),
             )
         return found
 
-    def patches(self, node: yaml.Node) -> dict[str, dict[str, tuple[VersionRecord, ...]]]:
+    def install_steps(self, node: yaml.Node, where: str) -> tuple[tuple[str, ...], ...]:
+        steps = self.sequence(node, where, "a list of pip-argument lists")
+        return tuple(self.strings(step, f"{where}[{i}]", "a list of pip arguments") for i, step in enumerate(steps))
+
+    def test_paths(self, node: yaml.Node, where: str) -> tuple[str, ...]:
+        paths = self.strings(node, where, "a list of test paths")
+        if isinstance(node, yaml.SequenceNode) and not node.value:
+            self.problem(node, where, "at least one test path", "an empty list")
+        return paths
+
+    def variables(self, node: yaml.Node, where: str) -> dict[str, str]:
+        found = {}
+        for name, (_, value) in self.mapping(node, where).items():
+            if isinstance(value, yaml.ScalarNode) and value.tag in (_STR, _INT, _BOOL):
+                found[name] = str(value.value)
+            else:
+                self.problem(value, f"{where}.{name}", "a string value")
+        return found
+
+    def patches(self, node: yaml.Node, where: str) -> dict[str, dict[str, tuple[VersionRecord, ...]]]:
         found: dict[str, dict[str, tuple[VersionRecord, ...]]] = {}
         for patch_id, (key, value) in self.mapping(node, "patches", "a mapping of patch ids").items():
             if not _PATCH_ID.match(patch_id):
                 self.problem(key, f"patches.{patch_id}", "a patch id like 'upstream.name'", repr(patch_id))
             variants = {}
-            for variant, (_, records) in self.mapping(value, f"patches.{patch_id}", "a mapping of variant names").items():
-                where = f"patches.{patch_id}.{variant}"
-                items = self.sequence(records, where, "a list of version records")
+            named = self.mapping(value, f"patches.{patch_id}", "a mapping of variant names")
+            for variant, (_, records) in named.items():
+                here = f"patches.{patch_id}.{variant}"
+                items = self.sequence(records, here, "a list of version records")
                 variants[variant] = tuple(
-                    record for i, item in enumerate(items) if (record := self.record(item, f"{where}[{i}]")) is not None
+                    record for i, item in enumerate(items) if (record := self.record(item, f"{here}[{i}]")) is not None
                 )
             found[patch_id] = variants
         return found
@@ -204,30 +218,39 @@ class _Reader:
             return None
         before = len(self.problems)
         self.keys(fields, where, ("versions", "status"), ("verified_by", "targets", "note"), node)
-        versions = self.optional(fields, "versions", lambda n: self.versions(n, f"{where}.versions"), {})
-        status = self.optional(fields, "status", lambda n: self.string(n, f"{where}.status", f"one of {', '.join(STATUSES)}"), None)
-        if status is not None and status not in STATUSES:
-            self.problem(fields["status"][1], f"{where}.status", f"one of {', '.join(STATUSES)}")
-        verified_by = self.optional(fields, "verified_by", lambda n: self.strings(n, f"{where}.verified_by"), ())
-        for i, source in enumerate(verified_by):
-            if not _VERIFIED_BY.match(source):
-                self.problem(fields["verified_by"][1].value[i], f"{where}.verified_by[{i}]",
-                             "'static' or 'tests:<environment>'")
-        targets = self.optional(fields, "targets", lambda n: self.targets(n, f"{where}.targets"), {})
-        note = self.optional(fields, "note", lambda n: self.string(n, f"{where}.note") or "", "")
+        versions = self.optional(fields, "versions", where, self.versions) or {}
+        status = self.optional(fields, "status", where, self.status)
+        verified_by = self.optional(fields, "verified_by", where, self.sources) or ()
+        targets = self.optional(fields, "targets", where, self.targets) or {}
+        note = self.optional(fields, "note", where, self.string) or ""
         if len(self.problems) > before or status is None:
             return None
         return VersionRecord(versions, status, verified_by, targets, note, self.at(node))
+
+    def status(self, node: yaml.Node, where: str) -> str | None:
+        expected = f"one of {', '.join(STATUSES)}"
+        found = self.string(node, where, expected)
+        if found is not None and found not in STATUSES:
+            self.problem(node, where, expected)
+            return None
+        return found
+
+    def sources(self, node: yaml.Node, where: str) -> tuple[str, ...]:
+        found = self.strings(node, where)
+        for i, source in enumerate(found):
+            if not _VERIFIED_BY.match(source):
+                self.problem(node.value[i], f"{where}[{i}]", "'static' or 'tests:<environment>'")
+        return found
 
     def versions(self, node: yaml.Node, where: str) -> dict[str, str]:
         from packaging.version import InvalidVersion, Version
 
         found = {}
         fields = self.mapping(node, where, "a mapping of distribution names to versions")
-        if isinstance(node, yaml.MappingNode) and not fields and not node.value:
+        if isinstance(node, yaml.MappingNode) and not node.value:
             self.problem(node, where, "at least one distribution", "an empty mapping")
         for dist, (_, value) in fields.items():
-            if isinstance(value, yaml.ScalarNode) and value.tag == "tag:yaml.org,2002:float":
+            if isinstance(value, yaml.ScalarNode) and value.tag == _FLOAT:
                 self.problem(value, f"{where}.{dist}", f"a quoted version string (write '{value.value}': YAML reads "
                              "an unquoted 0.20 as the number 0.2)")
                 continue
@@ -248,15 +271,21 @@ class _Reader:
             try:
                 Target.parse(target)
             except DeclarationError:
-                self.problem(key, f"{where}", "a target 'package.module:Qualname.attr'", repr(target))
+                self.problem(key, where, "a target 'package.module:Qualname.attr'", repr(target))
                 continue
-            fields = self.mapping(value, f"{where}.{target}", "a mapping with 'fingerprint' and/or 'signature'")
-            self.keys(fields, f"{where}.{target}", (), ("fingerprint", "signature"), value)
-            fingerprint = self.optional(fields, "fingerprint", lambda n: self.string(n, f"{where}.{target}.fingerprint"), None)
-            if fingerprint is not None and not _FINGERPRINT.match(fingerprint):
-                self.problem(fields["fingerprint"][1], f"{where}.{target}.fingerprint", "16 lowercase hex digits")
-            signature = self.optional(fields, "signature", lambda n: self.string(n, f"{where}.{target}.signature"), None)
+            here = f"{where}.{target}"
+            fields = self.mapping(value, here, "a mapping with 'fingerprint' and/or 'signature'")
+            self.keys(fields, here, (), ("fingerprint", "signature"), value)
+            fingerprint = self.optional(fields, "fingerprint", here, self.fingerprint)
+            signature = self.optional(fields, "signature", here, self.string)
             found[target] = TargetRecord(fingerprint, signature)
+        return found
+
+    def fingerprint(self, node: yaml.Node, where: str) -> str | None:
+        found = self.string(node, where, "16 lowercase hex digits")
+        if found is not None and not _FINGERPRINT.match(found):
+            self.problem(node, where, "16 lowercase hex digits")
+            return None
         return found
 
 

@@ -72,7 +72,7 @@ def survey(distribution: str, versions: Sequence[str], symbols: Sequence[str], c
     found = []
     for version in versions:
         tree = fetch(spec, version, cache)
-        for symbol, target in zip(symbols, targets):
+        for symbol, target in zip(symbols, targets, strict=True):
             facts = facts_in(tree, target)
             found.append(Observation(distribution, version, symbol, facts, change_between(previous.get(symbol), facts)))
             previous[symbol] = facts
@@ -115,7 +115,8 @@ def _check_record(patch_id: str, variant_name: str, actions: Iterable[object], r
         facts = facts_in(tree, target) if tree is not None else SymbolFacts(ABSENT)
         if isinstance(action, Add):
             note(action.target, facts.status == ABSENT,
-                 "absent, as Add expects" if facts.status == ABSENT else f"already defined ({facts.defined_at}): Add would fail")
+                 "absent, as Add expects" if facts.status == ABSENT
+                 else f"already defined ({facts.defined_at}): Add would fail")
             continue
         if facts.status == ABSENT:
             note(action.target, False, f"absent from {', '.join(t.artifact for t in trees.values())}")

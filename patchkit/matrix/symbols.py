@@ -52,21 +52,21 @@ def render_signature(node: ast.AST, annotated: bool = True) -> str:
     args = node.args
     positional = args.posonlyargs + args.args
     defaults: list[ast.expr | None] = [None] * (len(positional) - len(args.defaults)) + list(args.defaults)
-    parts = [_argument(a, d, annotated) for a, d in zip(positional, defaults)]
+    parts = [_argument(a, d, annotated) for a, d in zip(positional, defaults, strict=True)]
     if args.posonlyargs:
         parts.insert(len(args.posonlyargs), "/")
     if args.vararg is not None:
         parts.append("*" + _argument(args.vararg, None, annotated))
     elif args.kwonlyargs:
         parts.append("*")
-    parts += [_argument(a, d, annotated) for a, d in zip(args.kwonlyargs, args.kw_defaults)]
+    parts += [_argument(a, d, annotated) for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True)]
     if args.kwarg is not None:
         parts.append("**" + _argument(args.kwarg, None, annotated))
     returns = f" -> {ast.unparse(node.returns)}" if annotated and node.returns is not None else ""
     return f"({', '.join(parts)}){returns}"
 
 
-def text_hash(node: ast.AST, source: str) -> str:
+def text_hash(node: ast.stmt, source: str) -> str:
     """sha1 of the node's dedented source text from its ``def``/``class`` line, no final newline,
     first 7 hex digits: the upstream drift report's hashes, so the two can be compared.
 
@@ -76,17 +76,19 @@ def text_hash(node: ast.AST, source: str) -> str:
     include decorators.
     """
     lines = source.splitlines(keepends=True)
-    return hashlib.sha1(textwrap.dedent("".join(lines[node.lineno - 1:node.end_lineno])).rstrip("\n").encode()).hexdigest()[:7]
+    text = textwrap.dedent("".join(lines[node.lineno - 1:node.end_lineno])).rstrip("\n")
+    return hashlib.sha1(text.encode()).hexdigest()[:7]
 
 
 def _class_bases(cls: ast.ClassDef) -> list[str]:
     return [base.id for base in cls.bases if isinstance(base, ast.Name)]
 
 
-def _find(tree: ast.Module, path: Sequence[str], seen: frozenset[str] = frozenset()) -> tuple[ast.AST, tuple[str, ...]] | None:
+def _find(tree: ast.Module, path: Sequence[str],
+          seen: frozenset[str] = frozenset()) -> tuple[ast.stmt, tuple[str, ...]] | None:
     """The node for ``path``, following base classes defined in the same module for a member."""
     node = locate(tree, path)
-    if node is not None:
+    if isinstance(node, ast.stmt):
         return node, tuple(path)
     if len(path) < 2:
         return None

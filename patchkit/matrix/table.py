@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from packaging.version import Version
-
 from .model import KNOWN_BAD, NATIVE, UNSUPPORTED, VERIFIED, Matrix, VersionRecord
 from .writer import record_order
 
@@ -32,7 +30,9 @@ def _versions(records: list[VersionRecord]) -> str:
             mark = "" if any(s.startswith("tests:") for s in r.verified_by) or not r.verified_by else " (static)"
             shown.append(f"{r.versions[dist]}{mark}")
         return f"{dist} {', '.join(shown)}"
-    return "; ".join(" + ".join(f"{d} {v}" for d, v in sorted(r.versions.items())) for r in sorted(records, key=record_order))
+    combinations = (" + ".join(f"{d} {v}" for d, v in sorted(r.versions.items()))
+                    for r in sorted(records, key=record_order))
+    return "; ".join(combinations)
 
 
 def render(matrix: Matrix) -> str:

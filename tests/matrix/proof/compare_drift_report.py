@@ -24,7 +24,7 @@ import yaml
 from packaging.version import Version
 
 from patchkit.matrix.artifacts import DEFAULT_CACHE
-from patchkit.matrix.static import (ANNOTATIONS_ONLY, FORMAT_ONLY, NEW, SIG_CHANGED, Observation, survey)
+from patchkit.matrix.static import ANNOTATIONS_ONLY, FORMAT_ONLY, NEW, SIG_CHANGED, Observation, survey
 from patchkit.matrix.symbols import ABSENT, INHERITED, PRESENT
 
 HERE = Path(__file__).parent
@@ -76,7 +76,7 @@ def parse_tables(section: str) -> dict[tuple[str, str], ReportCell]:
         if columns[0] == "version":
             header = columns
         elif header and re.match(r"^\d+\.\d+", columns[0]):
-            for name, text in zip(header[1:], columns[1:]):
+            for name, text in zip(header[1:], columns[1:], strict=False):
                 cell = _parse_cell(text)
                 if cell is not None:
                     cells[(name, columns[0])] = cell
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     report = args.report.read_text()
     wanted = yaml.safe_load(args.symbols.read_text())
     total, failures = 0, []
-    for heading, (dist, spec) in zip(SECTIONS, wanted.items()):
+    for heading, (dist, spec) in zip(SECTIONS, wanted.items(), strict=True):
         section = _section_text(report, heading)
         observations = survey(dist, spec["versions"], spec["symbols"], args.cache)
         signature_count = 0
