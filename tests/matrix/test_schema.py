@@ -67,7 +67,8 @@ def test_malformed_matrix_names_position_and_expectation(text: str, line: int, c
 
 
 def test_every_problem_in_the_file_is_reported_at_once() -> None:
-    text = GOOD_ENV + "    ci: maybe\npatches:\n  megatron.mtp:\n    v:\n      - versions: {vllm: 0.20}\n        status: x\n"
+    text = (GOOD_ENV + "    ci: maybe\npatches:\n  megatron.mtp:\n    v:\n"
+            "      - versions: {vllm: 0.20}\n        status: x\n")
     with pytest.raises(MatrixError) as caught:
         parse(text, "m.yaml")
     assert [(p.position.line, p.position.column) for p in caught.value.problems] == [(6, 9), (10, 26), (11, 17)]
