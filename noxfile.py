@@ -67,6 +67,17 @@ def lint(session: nox.Session) -> None:
     session.run("mypy")
 
 
+@nox.session(tags=["ci"])
+def matrix(session: nox.Session) -> None:
+    """compat_matrix.yaml agrees with the patch registry, and the README table is generated from it."""
+    session.install("-e", ".")
+    session.run("patchkit", "matrix", "check")
+    if "<!-- compat-table:start -->" in (ROOT / "README.md").read_text():
+        session.run("patchkit", "matrix", "table", *(["--check"] if RECORD == "check" else []))
+    else:
+        session.warn("README.md has no compat-table markers: supported-versions table not generated")
+
+
 @nox.session(tags=["ci"], venv_backend="none")
 def summary(session: nox.Session) -> None:
     """Add up the junit reports of the environments that ran, as one closing line."""
