@@ -44,8 +44,10 @@ pytestmark = [
 def test_static_facts_match_the_drift_report(capsys) -> None:
     assert proof.main(["--cache", str(CACHE)]) == 0
     out = capsys.readouterr().out
-    assert "megatron-core: 6 releases x 18 symbols: 108 cells compared" in out
-    assert "vllm: 18 releases x 25 symbols: 450 cells compared" in out
+    assert ("megatron-core: 6 releases x 18 symbols: 108 cells (presence), 93 source hashes, 24 change markers, "
+            "93 full signatures compared; 0 disagreement(s)") in out
+    assert ("vllm: 18 releases x 25 symbols: 450 cells (presence), 423 source hashes, 14 change markers, "
+            "423 full signatures compared; 0 disagreement(s)") in out
     assert "total: 558 cells, 0 disagreement(s)" in out
 
 

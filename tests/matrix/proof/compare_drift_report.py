@@ -111,8 +111,21 @@ def _shown(facts_status: str, where: str | None) -> str:
     return f"{facts_status}:{where}" if facts_status == INHERITED else facts_status
 
 
-def compare(observations: list[Observation], cells: dict, signatures: dict, first: str) -> tuple[int, list[str]]:
-    compared, problems = 0, []
+@dataclass
+class Tally:
+    cells: int = 0  #: presence (present / absent / inherited from where)
+    hashes: int = 0  #: source-text hashes
+    markers: int = 0  #: non-empty change markers (new, sig changed, annotations only, formatting only)
+    signatures: int = 0  #: full signatures
+
+    def __str__(self) -> str:
+        return (f"{self.cells} cells (presence), {self.hashes} source hashes, {self.markers} change markers, "
+                f"{self.signatures} full signatures compared")
+
+
+def compare(observations: list[Observation], cells: dict[tuple[str, str], ReportCell],
+            signatures: dict[tuple[str, str], str | None], first: str) -> tuple[Tally, list[str]]:
+    tally, problems = Tally(), []
     for obs in observations:
         short = obs.symbol.partition(":")[2]
         cell = cells.get((short, obs.version))
@@ -121,20 +134,25 @@ def compare(observations: list[Observation], cells: dict, signatures: dict, firs
             problems.append(f"{label}: not in the report's tables")
             continue
         facts = obs.facts
-        compared += 1
+        tally.cells += 1
         if cell.status != facts.status or (cell.status == INHERITED and cell.where != facts.defined_at):
             problems.append(f"{label}: report says {_shown(cell.status, cell.where)}, static found "
                             f"{_shown(facts.status, facts.defined_at)}")
             continue
-        if cell.text_hash and cell.text_hash != facts.text_hash:
-            problems.append(f"{label}: source hash {facts.text_hash}, report {cell.text_hash}")
-        if obs.version != first and cell.marker != obs.change and not (cell.marker == "" and obs.change == "changed"):
-            problems.append(f"{label}: change {obs.change or 'none'!r}, report {cell.marker or 'none'!r}")
-        if (short, obs.version) in signatures:
-            expected = signatures[(short, obs.version)]
-            if expected is not None and facts.signature != expected:
+        if cell.text_hash:
+            tally.hashes += 1
+            if cell.text_hash != facts.text_hash:
+                problems.append(f"{label}: source hash {facts.text_hash}, report {cell.text_hash}")
+        if obs.version != first:
+            tally.markers += bool(cell.marker)
+            if cell.marker != obs.change and not (cell.marker == "" and obs.change == "changed"):
+                problems.append(f"{label}: change {obs.change or 'none'!r}, report {cell.marker or 'none'!r}")
+        expected = signatures.get((short, obs.version))
+        if expected is not None:
+            tally.signatures += 1
+            if facts.signature != expected:
                 problems.append(f"{label}: signature\n      static {facts.signature}\n      report {expected}")
-    return compared, problems
+    return tally, problems
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,18 +164,15 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     report = args.report.read_text()
     wanted = yaml.safe_load(args.symbols.read_text())
-    total, failures = 0, []
+    total, failures = 0, []  # cells
     for heading, (dist, spec) in zip(SECTIONS, wanted.items(), strict=True):
         section = _section_text(report, heading)
         observations = survey(dist, spec["versions"], spec["symbols"], args.cache)
-        signature_count = 0
         signatures = parse_signatures(section, spec["versions"])
-        compared, problems = compare(observations, parse_tables(section), signatures, spec["versions"][0])
-        signature_count = sum(1 for o in observations if (o.symbol.partition(":")[2], o.version) in signatures)
-        sys.stdout.write(f"{dist}: {len(spec['versions'])} releases x {len(spec['symbols'])} symbols: {compared} cells "
-                         f"compared (presence, source hash, change marker), {signature_count} full signatures; "
+        tally, problems = compare(observations, parse_tables(section), signatures, spec["versions"][0])
+        sys.stdout.write(f"{dist}: {len(spec['versions'])} releases x {len(spec['symbols'])} symbols: {tally}; "
                          f"{len(problems)} disagreement(s)\n")
-        total += compared
+        total += tally.cells
         failures += problems
     for problem in failures:
         sys.stdout.write(f"  DISAGREE {problem}\n")
