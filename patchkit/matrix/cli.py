@@ -99,7 +99,8 @@ def _static(args: argparse.Namespace) -> int:
     from . import load, writer
 
     path = _matrix_path(args)
-    findings, updated = static.verify_matrix(load(path), _registry(), cache, record=args.record)
+    add = [_release(text) for spec in args.add for text in spec.split(",")]
+    findings, updated = static.verify_matrix(load(path), _registry(), cache, record=args.record, add=add)
     for finding in findings:
         _write(f"{'ok  ' if finding.ok else 'FAIL'} {finding.patch_id} [{finding.variant}] {finding.versions}: "
                f"{finding.target}: {finding.message}")
@@ -109,6 +110,15 @@ def _static(args: argparse.Namespace) -> int:
         old = path.read_text(encoding="utf-8")
         _diff_or_write(path, old, writer.replace_patches(old, updated.patches), check=False)
     return 1 if failed else 0
+
+
+def _release(text: str) -> tuple[str, str]:
+    dist, sep, version = text.strip().partition("==")
+    if not sep or not dist or not version:
+        from ..errors import ConfigError
+
+        raise ConfigError("--add", text, "DIST==VERSION[,DIST==VERSION...], e.g. vllm==0.16.0")
+    return dist, version
 
 
 def _table(args: argparse.Namespace) -> int:
@@ -143,6 +153,9 @@ def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     static.add_argument("--cache", help="where artifacts are unpacked (default: ~/.cache/patchkit/artifacts)")
     static.add_argument("--record", action="store_true",
                         help="fill in missing fingerprints and add 'static' to verified_by")
+    static.add_argument("--add", action="append", default=[], metavar="DIST==VERSION[,...]",
+                        help="also check these releases for every variant whose range holds them (recorded "
+                             "with --record)")
     static.add_argument("--symbols",
                         help="survey the symbols of a YAML file {dist: {versions: [...], symbols: [...]}} instead")
     static.add_argument("--json", action="store_true", help="with --symbols: machine-readable facts")

@@ -21,7 +21,7 @@ from typing import Iterable, Mapping, Sequence
 from ..catalogue import Registered
 from ..declaration import Add, Replace, Target, Wrap
 from .artifacts import DEFAULT_CACHE, ArtifactSpec, SourceTree, fetch
-from .model import IN_RANGE, Matrix, TargetRecord, VersionRecord
+from .model import IN_RANGE, VERIFIED, Matrix, TargetRecord, VersionRecord
 from .symbols import ABSENT, SymbolFacts, inspect_file
 
 logger = logging.getLogger(__name__)
@@ -134,29 +134,35 @@ def _check_record(patch_id: str, variant_name: str, actions: Iterable[object], r
 
 
 def verify_matrix(matrix: Matrix, patches: Sequence[Registered], cache: Path = DEFAULT_CACHE,
-                  record: bool = False) -> tuple[list[Finding], Matrix]:
+                  record: bool = False, add: Sequence[tuple[str, str]] = ()) -> tuple[list[Finding], Matrix]:
     """Check every in-range record of every registered variant against its release artifacts.
 
-    Returns the findings and the matrix, updated when ``record`` is set and a record checked out.
+    ``add`` names more releases (distribution, version): each becomes a candidate record of every
+    installing variant that requires only that distribution and whose range holds it. Returns the
+    findings and the matrix, updated when ``record`` is set: checked records get what they lacked
+    and ``static`` in ``verified_by``; checked candidates are added.
     """
+    from .check import covers
+
     findings: list[Finding] = []
     updated = {pid: dict(variants) for pid, variants in matrix.patches.items()}
-    by_id = {registered.patch.id: registered.patch for registered in patches}
-    for patch_id, variants in matrix.patches.items():
-        patch = by_id.get(patch_id)
-        if patch is None:
-            continue
-        for variant_name, records in variants.items():
-            variant = next((v for v in patch.variants if v.name == variant_name), None)
-            if variant is None or variant.native is not None:
-                continue
-            new_records = []
-            for rec in records:
+    for registered in patches:
+        patch = registered.patch
+        for variant in patch.variants:
+            if variant.native is not None:
+                continue  # nothing installs: nothing to find in an artifact
+            existing = list(matrix.records(patch.id, variant.name))
+            known = {r.key() for r in existing}
+            candidates = [VersionRecord({dist: version}, VERIFIED, ()) for dist, version in add
+                          if set(variant.requires) == {dist} and covers(variant, {dist: version})
+                          and ((dist, version),) not in known]
+            kept = []
+            for rec in existing + candidates:
                 if rec.status not in IN_RANGE:
-                    new_records.append(rec)
+                    kept.append(rec)
                     continue
                 trees = {dist: fetch(ArtifactSpec(dist), version, cache) for dist, version in rec.versions.items()}
-                found, measured = _check_record(patch_id, variant_name, variant.installs, rec, trees)
+                found, measured = _check_record(patch.id, variant.name, variant.installs, rec, trees)
                 findings += found
                 if record and all(f.ok for f in found):
                     targets = {t: TargetRecord(rec.targets.get(t, TargetRecord()).fingerprint or m.fingerprint,
@@ -164,6 +170,9 @@ def verify_matrix(matrix: Matrix, patches: Sequence[Registered], cache: Path = D
                                for t, m in measured.items()}
                     rec = dataclasses.replace(rec, targets=targets,
                                               verified_by=tuple(sorted(set(rec.verified_by) | {"static"})))
-                new_records.append(rec)
-            updated[patch_id][variant_name] = tuple(new_records)
+                elif rec in candidates:
+                    continue  # a candidate that did not check out is reported, not recorded
+                kept.append(rec)
+            if kept:
+                updated.setdefault(patch.id, {})[variant.name] = tuple(kept)
     return findings, dataclasses.replace(matrix, patches=updated)

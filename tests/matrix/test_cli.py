@@ -22,7 +22,8 @@ def test_a_malformed_matrix_exits_2_naming_the_position(tmp_path: Path, capsys) 
     bad = tmp_path / "compat_matrix.yaml"
     bad.write_text("schema: 1\nenvironments:\n  e:\n    install: []\n    tests: [t]\n    ci: sometimes\n")
     assert main(["matrix", "check", "--matrix", str(bad)]) == 2
-    assert f"{bad}:6:9: environments.e.ci: expected true or false, found a string 'sometimes'" in capsys.readouterr().err
+    expected = f"{bad}:6:9: environments.e.ci: expected true or false, found a string 'sometimes'"
+    assert expected in capsys.readouterr().err
 
 
 def test_record_check_fails_on_a_stale_matrix_and_write_mode_fixes_it(tmp_path: Path, capsys) -> None:

@@ -95,3 +95,16 @@ def test_an_absent_target_or_an_existing_add_target_fails(tmp_path: Path) -> Non
     failed = {(f.versions, f.target): f.message for f in findings if not f.ok}
     assert failed[("up 1.2.0", "up.core:helper")].startswith("absent from up-local.tar.gz")
     assert ("up 1.2.0", "up.core:Model.extra") not in failed  # a class attribute, not a def: Add still fits
+
+
+def test_added_releases_in_range_are_checked_and_recorded(tmp_path: Path) -> None:
+    releases = {**RELEASES, "1.4.0": "class Model:\n    pass\n"}  # 1.4.0 lost helper
+    matrix = parse(MATRIX[:MATRIX.index("      - versions: {up: '1.3.0'}")])
+    add = [("up", "1.0.0"), ("up", "1.3.0"), ("up", "1.4.0"), ("other", "1.3.0")]
+    findings, updated = verify_matrix(matrix, _registry(), _cache(tmp_path, releases=releases), record=True, add=add)
+    checked = {f.versions for f in findings}
+    assert "up 1.0.0" not in checked and "other 1.3.0" not in checked  # outside >=1.2 / not required
+    assert any(f.versions == "up 1.4.0" and not f.ok for f in findings)
+    first, added = updated.records("up.feature", "v")
+    assert (first.versions, added.versions) == ({"up": "1.2.0"}, {"up": "1.3.0"})  # 1.4.0 failed: not recorded
+    assert added.verified_by == ("static",) and added.targets["up.core:helper"].fingerprint is not None
