@@ -49,16 +49,16 @@ def node_fingerprint(node: ast.AST) -> str:
     return hashlib.sha256(dump.encode()).hexdigest()[:LENGTH]
 
 
-def _nested_statements(body: Sequence[ast.stmt]) -> list[ast.stmt]:
+def nested_statements(body: Sequence[ast.stmt]) -> list[ast.stmt]:
     """Statements of ``body``, looking into ``if``/``try``/``with`` blocks that define names too."""
     found: list[ast.stmt] = []
     for statement in body:
         found.append(statement)
         if isinstance(statement, (ast.If, ast.Try, ast.With)):
             for block in ("body", "orelse", "finalbody"):
-                found.extend(_nested_statements(getattr(statement, block, [])))
+                found.extend(nested_statements(getattr(statement, block, [])))
             for handler in getattr(statement, "handlers", []):
-                found.extend(_nested_statements(handler.body))
+                found.extend(nested_statements(handler.body))
     return found
 
 
@@ -67,7 +67,7 @@ def locate(tree: ast.Module, path: Sequence[str]) -> ast.AST | None:
     as it would when the module runs."""
     scope: ast.AST = tree
     for name in path:
-        matches = [s for s in _nested_statements(getattr(scope, "body", []))
+        matches = [s for s in nested_statements(getattr(scope, "body", []))
                    if isinstance(s, _DEFINITIONS) and s.name == name]
         if not matches:
             return None

@@ -19,7 +19,7 @@ from ..declaration import Patch, Replace, Target, Wrap
 from ..fingerprint import module_file
 from ..versions import Availability, InstalledVersion, Outcome, installed_version, select_variant
 from .model import NATIVE, VERIFIED, Matrix, TargetRecord, VersionRecord
-from .symbols import ABSENT, inspect_file
+from .symbols import ABSENT, inspect_target
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +37,11 @@ def _installed(patch: Patch) -> dict[str, InstalledVersion]:
     return found
 
 
+def _installed_file(module: str) -> Path | None:
+    path = module_file(module)
+    return None if path is None else Path(path)
+
+
 def measure(patch: Patch, environment: str) -> tuple[str, VersionRecord] | None:
     """The record this environment gives ``patch``: (variant name, record), or None if none applies."""
     found = _installed(patch)
@@ -49,9 +54,7 @@ def measure(patch: Patch, environment: str) -> tuple[str, VersionRecord] | None:
     for action in variant.installs:
         if not isinstance(action, (Replace, Wrap)):
             continue
-        target = Target.parse(action.target)
-        path = module_file(target.module)
-        facts = inspect_file(None if path is None else Path(path), target.path)
+        facts = inspect_target(_installed_file, Target.parse(action.target))
         if facts.status == ABSENT:
             logger.warning("patchkit: %s: %s has no readable source here; not fingerprinted", patch.id, action.target)
             continue

@@ -22,7 +22,7 @@ from ..catalogue import Registered
 from ..declaration import Add, Replace, Target, Wrap
 from .artifacts import DEFAULT_CACHE, ArtifactSpec, SourceTree, fetch
 from .model import IN_RANGE, VERIFIED, Matrix, TargetRecord, VersionRecord
-from .symbols import ABSENT, SymbolFacts, inspect_file
+from .symbols import ABSENT, SymbolFacts, inspect_target
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class Observation:
 
 
 def facts_in(tree: SourceTree, target: Target) -> SymbolFacts:
-    return inspect_file(tree.module_file(target.module), target.path)
+    return inspect_target(tree.module_file, target)
 
 
 def change_between(before: SymbolFacts | None, after: SymbolFacts) -> str:
@@ -98,8 +98,18 @@ def _tree_for(target: Target, trees: Mapping[str, SourceTree]) -> SourceTree | N
     return None
 
 
+def _added_by_others(patches: Sequence[Registered], patch_id: str, versions: Mapping[str, str]) -> dict[str, str]:
+    """Attributes other patches ``Add`` on these versions (target -> patch id): not upstream's code."""
+    from .check import covers
+
+    return {action.target: registered.patch.id for registered in patches if registered.patch.id != patch_id
+            for variant in registered.patch.variants if covers(variant, versions)
+            for action in variant.installs if isinstance(action, Add)}
+
+
 def _check_record(patch_id: str, variant_name: str, actions: Iterable[object], record: VersionRecord,
-                  trees: Mapping[str, SourceTree]) -> tuple[list[Finding], dict[str, TargetRecord]]:
+                  trees: Mapping[str, SourceTree],
+                  added: Mapping[str, str] = {}) -> tuple[list[Finding], dict[str, TargetRecord]]:
     shown = ", ".join(f"{d} {v}" for d, v in sorted(record.versions.items()))
     findings: list[Finding] = []
     measured: dict[str, TargetRecord] = {}
@@ -117,6 +127,11 @@ def _check_record(patch_id: str, variant_name: str, actions: Iterable[object], r
             note(action.target, facts.status == ABSENT,
                  "absent, as Add expects" if facts.status == ABSENT
                  else f"already defined ({facts.defined_at}): Add would fail")
+            continue
+        creator = next((f"{pid} (Add {t})" for t, pid in added.items()
+                        if action.target == t or action.target.startswith(t + ".")), None)
+        if facts.status == ABSENT and creator is not None:
+            note(action.target, True, f"not upstream's: created at run time by {creator}")
             continue
         if facts.status == ABSENT:
             note(action.target, False, f"absent from {', '.join(t.artifact for t in trees.values())}")
@@ -162,7 +177,8 @@ def verify_matrix(matrix: Matrix, patches: Sequence[Registered], cache: Path = D
                     kept.append(rec)
                     continue
                 trees = {dist: fetch(ArtifactSpec(dist), version, cache) for dist, version in rec.versions.items()}
-                found, measured = _check_record(patch.id, variant.name, variant.installs, rec, trees)
+                added = _added_by_others(patches, patch.id, rec.versions)
+                found, measured = _check_record(patch.id, variant.name, variant.installs, rec, trees, added)
                 findings += found
                 if record and all(f.ok for f in found):
                     targets = {t: TargetRecord(rec.targets.get(t, TargetRecord()).fingerprint or m.fingerprint,

@@ -1,24 +1,28 @@
 """What a source file says about one symbol, read with :mod:`ast` and never imported.
 
 For a ``module:Qualname`` target: whether it is defined there (or inherited from a base class
-defined in the same module), its signature, its fingerprint (:mod:`patchkit.fingerprint`) and a
-hash of its source text, which unlike the fingerprint also moves on docstring and formatting edits.
+defined in the same module, or imported there from another module), its signature, its
+fingerprint (:mod:`patchkit.fingerprint`) and a hash of its source text, which unlike the
+fingerprint also moves on docstring and formatting edits.
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import hashlib
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
-from ..fingerprint import locate, node_fingerprint, parse_file
+from ..declaration import Target
+from ..fingerprint import locate, nested_statements, node_fingerprint, parse_file
 
 PRESENT = "present"
 ABSENT = "absent"
 INHERITED = "inherited"
+IMPORTED = "imported"  #: bound by ``from X import name``; ``defined_at`` says ``X:qualname``
 
 
 @dataclass(frozen=True)
@@ -122,3 +126,44 @@ def inspect_file(path: Path | None, qualname: Sequence[str]) -> SymbolFacts:
         fingerprint=node_fingerprint(node),
         text_hash=text_hash(node, source),
     )
+
+
+def _imported(tree: ast.Module, name: str, module: str, is_package: bool) -> tuple[str, str] | None:
+    """Where ``from X import name`` (or ``... as name``) in ``module`` takes ``name`` from."""
+    for statement in nested_statements(tree.body):
+        if not isinstance(statement, ast.ImportFrom):
+            continue
+        for alias in statement.names:
+            if (alias.asname or alias.name) != name:
+                continue
+            if statement.level:
+                parts = module.split(".")
+                package = parts if is_package else parts[:-1]
+                base = ".".join(package[:len(package) - (statement.level - 1)])
+                source = f"{base}.{statement.module}" if statement.module else base
+            else:
+                source = statement.module or ""
+            return source, alias.name
+    return None
+
+
+def inspect_target(module_file: Callable[[str], Path | None], target: Target, depth: int = 0) -> SymbolFacts:
+    """The facts about ``target``, following ``from X import name`` re-exports to the definition.
+
+    ``module_file`` finds a module's source file (in an unpacked artifact, or installed). Patching a
+    re-exported name rebinds it where the target module's code looks it up, so the code it stands
+    for is the definition's, and its fingerprint is the definition's: the same one the engine
+    computes from the live object.
+    """
+    path = module_file(target.module)
+    facts = inspect_file(path, target.path)
+    if facts.status != ABSENT or path is None or depth >= 5:
+        return facts
+    origin = _imported(parse_file(path), target.path[0], target.module, path.name == "__init__.py")
+    if origin is None:
+        return facts
+    module, name = origin
+    found = inspect_target(module_file, Target(module, (name, *target.path[1:])), depth + 1)
+    if found.status == ABSENT:
+        return found
+    return dataclasses.replace(found, status=IMPORTED, defined_at=f"{module}:{found.defined_at}")

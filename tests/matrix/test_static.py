@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from patchkit import Add, Patch, Replace, Variant
+from patchkit import Add, Patch, Replace, Variant, Wrap
 from patchkit.catalogue import Registered
 from patchkit.matrix.schema import parse
 from patchkit.matrix.static import ANNOTATIONS_ONLY, CODE_CHANGED, FORMAT_ONLY, NEW, SIG_CHANGED, survey, verify_matrix
@@ -108,3 +108,25 @@ def test_added_releases_in_range_are_checked_and_recorded(tmp_path: Path) -> Non
     first, added = updated.records("up.feature", "v")
     assert (first.versions, added.versions) == ({"up": "1.2.0"}, {"up": "1.3.0"})  # 1.4.0 failed: not recorded
     assert added.verified_by == ("static",) and added.targets["up.core:helper"].fingerprint is not None
+
+
+def test_a_reexported_target_is_found_where_it_is_defined(tmp_path: Path) -> None:
+    cache = _cache(tmp_path, releases={"1.2.0": "from .impl import helper as helper\nfrom . import impl\n"})
+    (cache / "up" / "1.2.0" / "src" / "up" / "impl.py").write_text("def helper(a, b=None):\n    return a\n")
+    matrix = parse(MATRIX[:MATRIX.index("      - versions: {up: '1.3.0'}")])
+    findings, updated = verify_matrix(matrix, _registry(), cache, record=True)
+    helper = next(f for f in findings if f.target == "up.core:helper")
+    assert helper.ok and "present (up.impl:helper)" in helper.message
+    (record,) = updated.records("up.feature", "v")
+    assert record.targets["up.core:helper"].fingerprint == survey(
+        "up", ["1.2.0"], ["up.impl:helper"], cache)[0].facts.fingerprint
+
+
+def test_a_target_another_patch_adds_is_not_required_upstream(tmp_path: Path) -> None:
+    creator = Variant({"up": ">=1.0"}, (Add("up.core:Backport", "x:y"),), label="c")
+    user = Variant({"up": ">=1.0"}, (Wrap("up.core:Backport.run", "x:y"),), label="u")
+    patches = [Registered(Patch(id=pid, summary="s", why="w", upstream="u", removal="r", variants=(v,)), None)
+               for pid, v in (("up.backport", creator), ("up.user", user))]
+    findings, _ = verify_matrix(parse(MATRIX), patches, _cache(tmp_path), add=[("up", "1.2.0")])
+    used = next(f for f in findings if f.target == "up.core:Backport.run")
+    assert used.ok and used.message == "not upstream's: created at run time by up.backport (Add up.core:Backport)"
