@@ -127,7 +127,7 @@ def _table(args: argparse.Namespace) -> int:
     readme = Path(args.readme)
     old = readme.read_text(encoding="utf-8")
     try:
-        new = table.update(old, load(_matrix_path(args)), readme.name)
+        new = table.update(old, load(_matrix_path(args)), readme.name, table.ranges_of(_registry()))
     except ValueError as exc:
         sys.stderr.write(f"patchkit: {exc}\n")
         return 2

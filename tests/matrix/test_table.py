@@ -28,8 +28,14 @@ README = f"# Title\n\nIntro.\n\n{START}\nold table\n{END}\n\n## After\n"
 
 def test_table_lists_each_variant_with_its_versions_in_order() -> None:
     table = render(parse(MATRIX))
-    assert "| `vllm.refit` | `vllm>=0.12,<0.16` | vllm 0.12.0, 0.13.0 (static) | — | — |" in table
+    assert "| `vllm.refit` | `vllm>=0.12,<0.16` | vllm 0.12.0; static only: 0.13.0 | — | — |" in table
     assert "| `vllm.refit` | `vllm>=0.16` | — | vllm 0.16.0 | vllm 0.15.1 |" in table
+
+
+def test_a_labelled_variant_shows_its_declared_range() -> None:
+    matrix = parse(MATRIX.replace("'vllm>=0.16':", "native-reload:"))
+    table = render(matrix, {("vllm.refit", "native-reload"): "vllm>=0.16"})
+    assert "| `vllm.refit` | `native-reload` (vllm>=0.16) | — | vllm 0.16.0 | vllm 0.15.1 |" in table
 
 
 def test_only_the_text_between_the_markers_is_rewritten() -> None:
