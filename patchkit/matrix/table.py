@@ -30,10 +30,10 @@ def _versions(records: list[VersionRecord]) -> str:
     dists = sorted({d for r in records for d in r.versions})
     if len(dists) == 1:
         (dist,) = dists
-        parts = [", ".join(r.versions[dist] for r in tested)] if tested else []
-        if static:
-            parts.append("static only: " + ", ".join(r.versions[dist] for r in static))
-        return f"{dist} " + "; ".join(parts) if parts else ""
+        if not tested:
+            return f"{dist} {', '.join(r.versions[dist] for r in static)} (static only)" if static else ""
+        shown = f"{dist} {', '.join(r.versions[dist] for r in tested)}"
+        return shown + (f"; static only: {', '.join(r.versions[dist] for r in static)}" if static else "")
     shown = "; ".join(_shown(r) for r in tested)
     if static:
         shown += ("; " if shown else "") + "static only: " + "; ".join(_shown(r) for r in static)

@@ -30,6 +30,8 @@ def test_table_lists_each_variant_with_its_versions_in_order() -> None:
     table = render(parse(MATRIX))
     assert "| `vllm.refit` | `vllm>=0.12,<0.16` | vllm 0.12.0; static only: 0.13.0 | — | — |" in table
     assert "| `vllm.refit` | `vllm>=0.16` | — | vllm 0.16.0 | vllm 0.15.1 |" in table
+    only_static = render(parse(MATRIX.replace("['tests:e']", "[static]")))
+    assert "| `vllm.refit` | `vllm>=0.12,<0.16` | vllm 0.12.0, 0.13.0 (static only) | — | — |" in only_static
 
 
 def test_a_labelled_variant_shows_its_declared_range() -> None:
