@@ -88,7 +88,8 @@ def fetch(spec: ArtifactSpec, version: str, cache: Path = DEFAULT_CACHE, keep_ar
     done = target / ".complete"
     if done.is_file():
         return SourceTree(spec.distribution, version, target / "src", done.read_text().strip())
-    with tempfile.TemporaryDirectory(dir=cache.parent if cache.parent.is_dir() else None) as scratch:
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache) as scratch:
         if spec.kind == "wheel":
             archive = _pip_wheel(spec, version, Path(scratch))
         else:
@@ -167,4 +168,7 @@ def _unpack_python(archive: Path, into: Path) -> None:
             if member.isfile() and member.name.endswith(".py") and ".." not in parts and len(parts) > 1:
                 member.name = str(Path(*parts[1:]))
                 members.append(member)
-        tarred.extractall(into, members=members, filter="data")
+        if hasattr(tarfile, "data_filter"):  # Python 3.10.12+: refuse links and odd modes as well
+            tarred.extractall(into, members=members, filter="data")
+        else:  # pragma: no cover
+            tarred.extractall(into, members=members)
