@@ -17,7 +17,7 @@ import os
 import sys
 import threading
 import weakref
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 
 from . import settings as settings_module
 from .catalogue import CatalogueError, Registered
@@ -36,6 +36,9 @@ from .installer import Installed, Registration, install_all, uninstall_all
 from .settings import Settings
 from .status import PatchStatus, Reason, State
 from .versions import InstalledVersion, Outcome, installed_version, select_variant
+
+if TYPE_CHECKING:  # the drift module is imported only when a patch installs
+    from .drift import Drift, MatrixSource
 
 logger = logging.getLogger("patchkit")
 
@@ -90,7 +93,7 @@ class Engine:
     """
 
     def __init__(self, patches: Iterable[Registered] = (), catalogue_errors: Iterable[CatalogueError] = (),
-                 matrix: Any = None) -> None:
+                 matrix: "MatrixSource" = None) -> None:
         self._lock = threading.RLock()
         #: Where drift fingerprints come from (see patchkit.drift.MatrixSource); read on first install.
         self._matrix = matrix
@@ -300,7 +303,8 @@ class Engine:
 
     def _install(self, entry: _Entry, variant: Variant, forced: bool, unsupported_detail: str) -> None:
         patch = entry.patch
-        drift = self._drift(entry, variant)
+        # A forced variant is already outside its verified range; drift would only say so again.
+        drift = None if forced else self._drift(entry, variant)
         try:
             entry.installed = install_all(patch.id, variant.installs, entry.registered.package)
         except TargetResolutionError as exc:
@@ -325,7 +329,7 @@ class Engine:
                 entry.set(State.APPLIED)
                 logger.info("patchkit: %s applied (variant %s)", patch.id, variant.name)
 
-    def _drift(self, entry: _Entry, variant: Variant) -> Any:
+    def _drift(self, entry: _Entry, variant: Variant) -> "Drift | None":
         """Compare the targets with compat_matrix.yaml; strict mode refuses a drifted variant."""
         from . import drift
 

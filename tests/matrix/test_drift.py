@@ -141,3 +141,12 @@ def test_apply_all_without_upstreams_reads_no_matrix() -> None:
             "'patchkit.fingerprint', 'yaml'))))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_a_forced_variant_is_not_checked_for_drift(make_dist, tmp_path) -> None:
+    original = make_dist("1.2.3")
+    matrix = _recorded_matrix(original, tmp_path)
+    outside = make_dist("2.0.0", like=original, source=SOURCE.replace("return x + 1", "return x + 7"))
+    engine, status = _apply(outside, matrix, strict=True, force="toy.forward")
+    engine.revert_all()
+    assert status.state is State.FORCED and status.reason is Reason.UNSUPPORTED_VERSION
