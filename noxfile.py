@@ -62,7 +62,7 @@ for _name, _env in MATRIX["environments"].items():
 @nox.session(tags=["ci"])
 def lint(session: nox.Session) -> None:
     """ruff over everything, mypy --strict over the engine."""
-    session.install("ruff", "mypy", "-e", ".")
+    session.install("ruff", "mypy", "types-PyYAML", "-e", ".")
     session.run("ruff", "check", "patchkit", "patches", "tests", "benchmarks", "noxfile.py")
     session.run("mypy")
 

@@ -109,7 +109,7 @@ def _added_by_others(patches: Sequence[Registered], patch_id: str, versions: Map
 
 def _check_record(patch_id: str, variant_name: str, actions: Iterable[object], record: VersionRecord,
                   trees: Mapping[str, SourceTree],
-                  added: Mapping[str, str] = {}) -> tuple[list[Finding], dict[str, TargetRecord]]:
+                  added: Mapping[str, str] | None = None) -> tuple[list[Finding], dict[str, TargetRecord]]:
     shown = ", ".join(f"{d} {v}" for d, v in sorted(record.versions.items()))
     findings: list[Finding] = []
     measured: dict[str, TargetRecord] = {}
@@ -128,7 +128,7 @@ def _check_record(patch_id: str, variant_name: str, actions: Iterable[object], r
                  "absent, as Add expects" if facts.status == ABSENT
                  else f"already defined ({facts.defined_at}): Add would fail")
             continue
-        creator = next((f"{pid} (Add {t})" for t, pid in added.items()
+        creator = next((f"{pid} (Add {t})" for t, pid in (added or {}).items()
                         if action.target == t or action.target.startswith(t + ".")), None)
         if facts.status == ABSENT and creator is not None:
             note(action.target, True, f"not upstream's: created at run time by {creator}")
