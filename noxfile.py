@@ -72,10 +72,12 @@ def matrix(session: nox.Session) -> None:
     """compat_matrix.yaml agrees with the patch registry, and the README table is generated from it."""
     session.install("-e", ".")
     session.run("patchkit", "matrix", "check")
-    if "<!-- compat-table:start -->" in (ROOT / "README.md").read_text():
-        session.run("patchkit", "matrix", "table", *(["--check"] if RECORD == "check" else []))
-    else:
-        session.warn("README.md has no compat-table markers: supported-versions table not generated")
+    for document in ("README.md", "docs/compat-matrix.md"):
+        if "<!-- compat-table:start -->" in (ROOT / document).read_text():
+            session.run("patchkit", "matrix", "table", "--readme", document,
+                        *(["--check"] if RECORD == "check" else []))
+        else:
+            session.warn(f"{document} has no compat-table markers: supported-versions table not generated")
 
 
 @nox.session(tags=["ci"], venv_backend="none")
