@@ -1,4 +1,4 @@
-"""The ``patchkit`` command: list, status, explain, matrix."""
+"""The ``patchkit`` command: list, status, explain."""
 
 from __future__ import annotations
 
@@ -47,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="patchkit", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log what patchkit does to stderr")
     commands = parser.add_subparsers(dest="command", required=True)
+    add_matrix_parser(commands)  # `patchkit matrix check | record | static | table`, in patchkit/matrix/cli.py
     commands.add_parser("list", help="every patch: targets, ranges, removal plan").set_defaults(run=_list)
     status = commands.add_parser("status", help="apply here, against what is installed, and report")
     status.add_argument("--json", action="store_true", help="machine-readable records")
@@ -56,7 +57,6 @@ def build_parser() -> argparse.ArgumentParser:
     explain = commands.add_parser("explain", help="one patch in full, and its state here")
     explain.add_argument("id")
     explain.set_defaults(run=_explain)
-    add_matrix_parser(commands)
     return parser
 
 
