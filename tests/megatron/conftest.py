@@ -1,0 +1,61 @@
+"""Fixtures for tests against the real megatron-core on CPU (see ``cpu_harness``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("megatron.core")
+
+from cpu_harness import cpu_megatron, destroy_parallel_state, initialize_parallel_state  # noqa: E402
+from tiny_gpt import Batch, build_tiny_gpt, make_batch  # noqa: E402
+
+
+@pytest.fixture
+def megatron_cpu() -> Iterator[None]:
+    """Megatron parallel state (TP=PP=CP=1) on a one-rank gloo group, CUDA-only calls redirected."""
+    with cpu_megatron():
+        initialize_parallel_state()
+        try:
+            yield
+        finally:
+            destroy_parallel_state()
+
+
+@pytest.fixture
+def batch() -> Batch:
+    return make_batch()
+
+
+@pytest.fixture
+def tiny_gpt(megatron_cpu: None) -> Callable[..., Any]:
+    """Factory for tiny GPT models; needs (and requests) the CPU Megatron environment."""
+    return build_tiny_gpt
+
+
+@pytest.fixture
+def empty_mtp_tracker() -> Iterator[None]:
+    from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
+
+    MTPLossLoggingHelper.tracker.clear()
+    yield
+    MTPLossLoggingHelper.tracker.clear()
+
+
+@pytest.fixture
+def attached_mtp_losses(monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
+    """Every loss tensor handed to ``MTPLossAutoScaler.apply``, in call order (upstream's or ours)."""
+    from megatron.core.transformer.multi_token_prediction import MTPLossAutoScaler
+
+    recorded: list[torch.Tensor] = []
+    original_apply = MTPLossAutoScaler.apply
+
+    def recording_apply(output: torch.Tensor, mtp_loss: torch.Tensor) -> torch.Tensor:
+        recorded.append(mtp_loss.detach().clone())
+        return original_apply(output, mtp_loss)
+
+    monkeypatch.setattr(MTPLossAutoScaler, "apply", recording_apply)
+    return recorded
