@@ -91,3 +91,15 @@ def test_a_second_environment_with_the_same_versions_is_merged_into_one_record(m
 def test_recording_for_an_unknown_environment_is_refused(make_dist) -> None:
     with pytest.raises(ConfigError, match="not an environment in the matrix.*old, new"):
         _record(MATRIX, make_dist(), "olde")
+
+
+def test_a_variant_over_two_distributions_records_the_combination(make_dist) -> None:
+    first, second = make_dist("1.2.3"), make_dist("0.4.0")
+    patch = Patch(id="up.pair", summary="s", why="w", upstream="u", removal="r",
+                  variants=(Variant({first.name: "<2", second.name: ">=0.4"},
+                                    (Replace(first.target("compute"), "x:y"),), label="pair"),))
+    matrix = record(parse(MATRIX), [Registered(patch, None)], "old")
+    (entry,) = matrix.records("up.pair", "pair")
+    assert entry.versions == {first.name: "1.2.3", second.name: "0.4.0"}
+    written = replace_patches(MATRIX, matrix.patches)
+    assert f'versions: {{{first.name}: "1.2.3", {second.name}: "0.4.0"}}' in written
