@@ -3,10 +3,15 @@
     nox -s demo          install the real upstreams, apply the patches, print the status
     nox -t ci            the representative subset CI runs (entries marked `ci: true`)
     nox -l               every environment; `nox -s tests-<name>` runs one
+
+After an environment's tests pass, `patchkit matrix record --env <name>` writes its versions and
+fingerprints into compat_matrix.yaml. MATRIX_RECORD=write (the default) updates the file,
+MATRIX_RECORD=check (the default when CI is set) fails if it is stale instead, MATRIX_RECORD=off skips.
 """
 
 from __future__ import annotations
 
+import os
 import pathlib
 import xml.etree.ElementTree as ET
 
@@ -16,6 +21,7 @@ import yaml
 ROOT = pathlib.Path(__file__).parent
 MATRIX = yaml.safe_load((ROOT / "compat_matrix.yaml").read_text())
 REPORTS = ROOT / ".nox" / "reports"
+RECORD = os.environ.get("MATRIX_RECORD", "check" if os.environ.get("CI") else "write")
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
@@ -42,6 +48,8 @@ def _tests_session(name: str, env: dict):
         REPORTS.mkdir(parents=True, exist_ok=True)
         session.run("pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={REPORTS / name}.xml",
                     *env["tests"], *session.posargs, env={str(k): str(v) for k, v in env.get("env", {}).items()})
+        if RECORD != "off" and not session.posargs:
+            session.run("patchkit", "matrix", "record", "--env", name, *(["--check"] if RECORD == "check" else []))
 
     run_tests.__doc__ = env.get("description", f"tests against {name}")
     return run_tests
@@ -54,9 +62,22 @@ for _name, _env in MATRIX["environments"].items():
 @nox.session(tags=["ci"])
 def lint(session: nox.Session) -> None:
     """ruff over everything, mypy --strict over the engine."""
-    session.install("ruff", "mypy", "-e", ".")
+    session.install("ruff", "mypy", "types-PyYAML", "-e", ".")
     session.run("ruff", "check", "patchkit", "patches", "tests", "benchmarks", "noxfile.py")
     session.run("mypy")
+
+
+@nox.session(tags=["ci"])
+def matrix(session: nox.Session) -> None:
+    """compat_matrix.yaml agrees with the patch registry, and the README table is generated from it."""
+    session.install("-e", ".")
+    session.run("patchkit", "matrix", "check")
+    for document in ("README.md", "docs/compat-matrix.md"):
+        if "<!-- compat-table:start -->" in (ROOT / document).read_text():
+            session.run("patchkit", "matrix", "table", "--readme", document,
+                        *(["--check"] if RECORD == "check" else []))
+        else:
+            session.warn(f"{document} has no compat-table markers: supported-versions table not generated")
 
 
 @nox.session(tags=["ci"], venv_backend="none")

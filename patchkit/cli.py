@@ -10,6 +10,7 @@ from typing import Sequence
 
 from . import engine as default_engine
 from .errors import PatchkitError
+from .matrix.cli import add_parser as add_matrix_parser
 from .report import describe, status_json, status_table
 
 
@@ -60,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="patchkit", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log what patchkit does to stderr")
     commands = parser.add_subparsers(dest="command", required=True)
+    add_matrix_parser(commands)  # `patchkit matrix check | record | static | table`, in patchkit/matrix/cli.py
     commands.add_parser("list", help="every patch: targets, ranges, removal plan").set_defaults(run=_list)
     status = commands.add_parser("status", help="apply here, against what is installed, and report")
     status.add_argument("--json", action="store_true", help="machine-readable records")

@@ -17,7 +17,7 @@ import os
 import sys
 import threading
 import weakref
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 
 from . import settings as settings_module
 from .catalogue import CatalogueError, Registered
@@ -25,6 +25,7 @@ from .declaration import Patch, Variant, validate
 from .errors import (
     ConfigError,
     DeclarationError,
+    DriftError,
     ForeignWrapperError,
     PatchInstallError,
     TargetResolutionError,
@@ -35,6 +36,9 @@ from .installer import Installed, Registration, install_all, uninstall_all
 from .settings import Settings
 from .status import PatchStatus, Reason, State
 from .versions import InstalledVersion, Outcome, installed_version, select_variant
+
+if TYPE_CHECKING:  # the drift module is imported only when a patch installs
+    from .drift import Drift, MatrixSource
 
 logger = logging.getLogger("patchkit")
 
@@ -88,8 +92,11 @@ class Engine:
     and embedders may build their own from explicit ``Registered`` patches.
     """
 
-    def __init__(self, patches: Iterable[Registered] = (), catalogue_errors: Iterable[CatalogueError] = ()) -> None:
+    def __init__(self, patches: Iterable[Registered] = (), catalogue_errors: Iterable[CatalogueError] = (),
+                 matrix: "MatrixSource" = None) -> None:
         self._lock = threading.RLock()
+        #: Where drift fingerprints come from (see patchkit.drift.MatrixSource); read on first install.
+        self._matrix = matrix
         self._entries: dict[str, _Entry] = {}
         self._catalogue_errors = tuple(catalogue_errors)
         self._strict = False
@@ -296,6 +303,8 @@ class Engine:
 
     def _install(self, entry: _Entry, variant: Variant, forced: bool, unsupported_detail: str) -> None:
         patch = entry.patch
+        # A forced variant is already outside its verified range; drift would only say so again.
+        drift = None if forced else self._drift(entry, variant)
         try:
             entry.installed = install_all(patch.id, variant.installs, entry.registered.package)
         except TargetResolutionError as exc:
@@ -313,9 +322,21 @@ class Engine:
                 entry.set(State.FORCED, Reason.UNSUPPORTED_VERSION, f"forced: {unsupported_detail}")
                 logger.warning("patchkit: %s applied by force (variant %s): %s", patch.id, variant.name,
                                unsupported_detail)
+            elif drift is not None:
+                entry.set(State.APPLIED, Reason.DRIFTED, drift.detail)
+                logger.warning("patchkit: %s applied (variant %s), but %s", patch.id, variant.name, drift.detail)
             else:
                 entry.set(State.APPLIED)
                 logger.info("patchkit: %s applied (variant %s)", patch.id, variant.name)
+
+    def _drift(self, entry: _Entry, variant: Variant) -> "Drift | None":
+        """Compare the targets with compat_matrix.yaml; strict mode refuses a drifted variant."""
+        from . import drift
+
+        found = drift.check(entry.patch.id, variant, self._matrix, strict=entry.settings.strict)
+        if found is not None and entry.settings.strict:
+            raise DriftError(found.patch_id, found.variant, found.targets, found.compared)
+        return found
 
     def _wait(self, entry: _Entry, modules: tuple[str, ...], detail: str) -> None:
         # The state is set before the hooks: a hook may fire at once (the module was imported

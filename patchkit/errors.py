@@ -76,3 +76,22 @@ class ForeignWrapperError(PatchkitError):
             f"{patch_id}: not reverted, another object was installed on top of patchkit's at "
             f"{', '.join(self.targets)}; revert that wrapper first"
         )
+
+
+class DriftError(PatchkitError):
+    """Upstream's code at a target differs from every fingerprint recorded for the variant (strict mode).
+
+    Raised before anything is installed, so nothing is half-applied.
+    """
+
+    def __init__(self, patch_id: str, variant: str, targets: Sequence[str], compared: Sequence[str]) -> None:
+        self.patch_id = patch_id
+        self.variant = variant
+        self.targets = tuple(targets)
+        self.compared = tuple(compared)
+        super().__init__(
+            f"{patch_id}: not applied, upstream code at {', '.join(self.targets)} differs from the fingerprint "
+            f"recorded for variant {variant} on {'; '.join(self.compared)}; check the patch against the installed "
+            f"upstream, then run its tests and `patchkit matrix record`, or set PATCHKIT_STRICT=0 to apply it "
+            f"with a warning"
+        )

@@ -31,6 +31,8 @@ class Reason(str, Enum):
     CONFIG_ERROR = "config_error"
     #: Reported with state APPLIED when a revert was refused.
     FOREIGN_WRAPPER = "foreign_wrapper"
+    #: Reported with state APPLIED when a target's code matches no fingerprint in compat_matrix.yaml.
+    DRIFTED = "drifted"
 
 
 class PatchStatus(NamedTuple):

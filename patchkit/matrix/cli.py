@@ -1,0 +1,164 @@
+"""``patchkit matrix check | record | static | table``: added to the ``patchkit`` command by cli.py."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import sys
+from pathlib import Path
+from typing import Callable
+
+from ..catalogue import Registered
+from .loader import FILENAME, default_path
+
+
+def _write(text: str) -> None:
+    sys.stdout.write(text + "\n")
+
+
+def _matrix_path(args: argparse.Namespace) -> Path:
+    """``--matrix``, else ./compat_matrix.yaml (a checkout), else the matrix shipped with patchkit."""
+    if args.matrix is not None:
+        return Path(args.matrix)
+    local = Path(FILENAME)
+    if local.is_file():
+        return local
+    shipped = default_path()
+    if shipped is None:
+        raise FileNotFoundError(f"no {FILENAME} here and none shipped with patchkit; pass --matrix")
+    return shipped
+
+
+def _registry() -> list[Registered]:
+    from ..catalogue import load
+
+    patches, errors = load()
+    for error in errors:
+        sys.stderr.write(f"patchkit: cannot load {error.module}: {error.error}\n")
+    if errors:
+        raise SystemExit(1)
+    return patches
+
+
+def _diff_or_write(path: Path, old: str, new: str, check: bool) -> int:
+    if old == new:
+        _write(f"{path}: up to date")
+        return 0
+    if check:
+        diff = difflib.unified_diff(old.splitlines(True), new.splitlines(True), str(path), f"{path} (expected)")
+        sys.stdout.writelines(diff)
+        _write(f"{path} is stale: run the command without --check and commit the result")
+        return 1
+    path.write_text(new, encoding="utf-8")
+    _write(f"{path}: updated")
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from . import check, load
+
+    path = _matrix_path(args)
+    problems = check.check(load(path), _registry())
+    for problem in problems:
+        _write(str(problem))
+    _write(f"{path}: {'registry and matrix agree' if not problems else f'{len(problems)} disagreement(s)'}")
+    return 1 if problems else 0
+
+
+def _record(args: argparse.Namespace) -> int:
+    from . import load, record, writer
+
+    path = _matrix_path(args)
+    old = path.read_text(encoding="utf-8")
+    updated = record.record(load(path), _registry(), args.env)
+    return _diff_or_write(path, old, writer.replace_patches(old, updated.patches), args.check)
+
+
+def _static(args: argparse.Namespace) -> int:
+    from . import static
+    from .artifacts import DEFAULT_CACHE
+
+    cache = Path(args.cache) if args.cache else DEFAULT_CACHE
+    if args.symbols:
+        import yaml
+
+        wanted = yaml.safe_load(Path(args.symbols).read_text(encoding="utf-8"))
+        rows = [obs for dist, spec in wanted.items()
+                for obs in static.survey(dist, [str(v) for v in spec["versions"]], spec["symbols"], cache)]
+        if args.json:
+            _write(json.dumps([{"distribution": o.distribution, "version": o.version, "symbol": o.symbol,
+                                "change": o.change, **o.facts.__dict__} for o in rows], indent=1))
+        else:
+            for o in rows:
+                f = o.facts
+                where = f" ({f.defined_at})" if f.status == "inherited" else ""
+                found = f" {f.text_hash} {f.fingerprint} {o.change}".rstrip() + f" {f.signature}" if f.signature else ""
+                _write(f"{o.distribution} {o.version} {o.symbol}: {f.status}{where}{found}")
+        return 0
+    from . import load, writer
+
+    path = _matrix_path(args)
+    add = [_release(text) for spec in args.add for text in spec.split(",")]
+    findings, updated = static.verify_matrix(load(path), _registry(), cache, record=args.record, add=add)
+    for finding in findings:
+        _write(f"{'ok  ' if finding.ok else 'FAIL'} {finding.patch_id} [{finding.variant}] {finding.versions}: "
+               f"{finding.target}: {finding.message}")
+    failed = sum(not f.ok for f in findings)
+    _write(f"{len(findings)} target checks, {failed} failed")
+    if args.record and not failed:
+        old = path.read_text(encoding="utf-8")
+        _diff_or_write(path, old, writer.replace_patches(old, updated.patches), check=False)
+    return 1 if failed else 0
+
+
+def _release(text: str) -> tuple[str, str]:
+    dist, sep, version = text.strip().partition("==")
+    if not sep or not dist or not version:
+        from ..errors import ConfigError
+
+        raise ConfigError("--add", text, "DIST==VERSION[,DIST==VERSION...], e.g. vllm==0.16.0")
+    return dist, version
+
+
+def _table(args: argparse.Namespace) -> int:
+    from . import load, table
+
+    readme = Path(args.readme)
+    old = readme.read_text(encoding="utf-8")
+    try:
+        new = table.update(old, load(_matrix_path(args)), readme.name, table.ranges_of(_registry()))
+    except ValueError as exc:
+        sys.stderr.write(f"patchkit: {exc}\n")
+        return 2
+    return _diff_or_write(readme, old, new, args.check)
+
+
+def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    """Add ``matrix`` and its subcommands to the ``patchkit`` parser."""
+    matrix = commands.add_parser("matrix", help="compat_matrix.yaml: check, record, static, table")
+    sub = matrix.add_subparsers(dest="matrix_command", required=True)
+
+    def command(name: str, run: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
+        parser = sub.add_parser(name, help=help)
+        parser.add_argument("--matrix", help=f"the matrix file (default: ./{FILENAME}, else the shipped one)")
+        parser.set_defaults(run=run)
+        return parser
+
+    command("check", _check, "the patch registry and the matrix agree")
+    record = command("record", _record, "write this environment's versions and fingerprints into the matrix")
+    record.add_argument("--env", required=True, help="the environment (a key of `environments`) that just passed")
+    record.add_argument("--check", action="store_true", help="write nothing; exit 1 if recording would change the file")
+    static = command("static", _static, "verify the matrix's versions from downloaded release artifacts")
+    static.add_argument("--cache", help="where artifacts are unpacked (default: ~/.cache/patchkit/artifacts)")
+    static.add_argument("--record", action="store_true",
+                        help="fill in missing fingerprints and add 'static' to verified_by")
+    static.add_argument("--add", action="append", default=[], metavar="DIST==VERSION[,...]",
+                        help="also check these releases for every variant whose range holds them (recorded "
+                             "with --record)")
+    static.add_argument("--symbols",
+                        help="survey the symbols of a YAML file {dist: {versions: [...], symbols: [...]}} instead")
+    static.add_argument("--json", action="store_true", help="with --symbols: machine-readable facts")
+    table = command("table", _table, "write the supported-versions table into the README")
+    table.add_argument("--readme", default="README.md")
+    table.add_argument("--check", action="store_true", help="write nothing; exit 1 if the table is stale")
