@@ -19,6 +19,7 @@ from .engine import Engine
 from .errors import (
     ConfigError,
     DeclarationError,
+    DriftError,
     ForeignWrapperError,
     PatchInstallError,
     PatchkitError,
@@ -31,7 +32,7 @@ from .status import PatchStatus, Reason, State
 __version__ = "0.1.0"
 
 __all__ = [
-    "Add", "Call", "ConfigError", "DeclarationError", "Engine", "ForeignWrapperError", "Patch",
+    "Add", "Call", "ConfigError", "DeclarationError", "DriftError", "Engine", "ForeignWrapperError", "Patch",
     "PatchInstallError", "PatchStatus", "PatchkitError", "Reason", "Registered", "Replace", "State",
     "Target", "TargetResolutionError", "UnknownPatchError", "UnsupportedVersionError", "Variant", "Wrap",
     "apply", "apply_all", "applied", "engine", "probing", "revert", "revert_all", "status",
