@@ -1,0 +1,20 @@
+"""Errors raised by the QAT helpers; importing this module costs nothing (no torch, no ModelOpt)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from patchkit import PatchkitError
+
+
+class QATConfigError(PatchkitError, ValueError):
+    """A QAT request names something that does not exist: a mode, or modules the model lacks.
+
+    Raised before the model is touched, so the model is left exactly as it was.
+    """
+
+    def __init__(self, asked: str, available: Sequence[str], problem: str) -> None:
+        self.asked = asked
+        self.available = tuple(available)
+        shown = ", ".join(self.available[:12]) + (f", ... ({len(self.available)} in all)" if len(self.available) > 12 else "")
+        super().__init__(f"{problem}: asked for {asked!r}; available: {shown or 'nothing'}")
