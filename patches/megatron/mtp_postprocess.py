@@ -1,0 +1,76 @@
+"""Multi-token prediction (MTP) for RL trainers: main-head logits out, MTP losses still trained.
+
+Declarations only (data); the code lives in the ``_mtp_*`` implementation modules.
+"""
+
+from __future__ import annotations
+
+from patchkit import Patch, Variant, Wrap
+
+_GPT_MODEL = "megatron.core.models.gpt.gpt_model"
+_MTP = "megatron.core.transformer.multi_token_prediction"
+_POSTPROCESS = f"{_GPT_MODEL}:GPTModel._postprocess"
+_GET_EMBEDDINGS = f"{_MTP}:MultiTokenPredictionLayer._get_embeddings"
+_VERSION_MODULES = {"megatron-core": "megatron.core"}
+
+PATCHES = (
+    Patch(
+        id="megatron.mtp_postprocess",
+        summary=(
+            "GPTModel forward with labels and MTP returns main-head logits [b, s, v]; every MTP "
+            "depth's loss is still attached through MTPLossAutoScaler, so MTP layers train."
+        ),
+        why=(
+            "RL trainers compute log-probs and the policy loss from logits themselves; upstream "
+            "returns only the LM loss when labels are given, and computes the MTP loss only on "
+            "that path. Without MTP or without labels the call is upstream's, unchanged."
+        ),
+        upstream="https://github.com/NVIDIA/Megatron-LM/blob/core_r0.19.0/megatron/core/models/gpt/gpt_model.py",
+        removal=(
+            "Remove once upstream returns logits with the MTP loss attached for caller-given "
+            "labels (0.19 does so only for labels derived from input_ids)."
+        ),
+        version_modules=_VERSION_MODULES,
+        variants=(
+            Variant(
+                label="inline-mtp-loss",
+                requires={"megatron-core": ">=0.14,<0.17"},
+                installs=(Wrap(_POSTPROCESS, "._mtp_postprocess_v014:wrap_postprocess"),),
+            ),
+            Variant(
+                label="process-mtp-loss",
+                requires={"megatron-core": ">=0.17,<0.18"},
+                installs=(Wrap(_POSTPROCESS, "._mtp_postprocess_v017:wrap_postprocess"),),
+            ),
+            Variant(
+                label="output-processor",
+                requires={"megatron-core": ">=0.18,<0.20"},
+                installs=(Wrap(_POSTPROCESS, "._mtp_postprocess_v018:wrap_postprocess"),),
+            ),
+        ),
+    ),
+    Patch(
+        id="megatron.mtp_detach_inputs",
+        summary=(
+            "Detach the MTP layers' inputs (embeddings and incoming hidden states) so the MTP "
+            "loss sends no gradient into the main model's embedding and decoder."
+        ),
+        why=(
+            "Keeps an auxiliary MTP head (e.g. a speculative-decoding draft) trainable without "
+            "letting its loss move the policy. Upstream has no such switch before 0.19; 0.19's "
+            "mtp_detach_heads differs (it also freezes the output head for MTP, detaches only the "
+            "first depth's hidden states, and tags MTP parameters for separate clipping)."
+        ),
+        upstream="https://github.com/NVIDIA/Megatron-LM/blob/core_r0.19.0/megatron/core/transformer/multi_token_prediction.py",
+        removal="Remove when callers can use upstream's mtp_detach_heads (0.19+) and accept its semantics.",
+        opt_in=True,
+        version_modules=_VERSION_MODULES,
+        variants=(
+            Variant(
+                label="detach-in-get-embeddings",
+                requires={"megatron-core": ">=0.14,<0.20"},
+                installs=(Wrap(_GET_EMBEDDINGS, "._mtp_detach_inputs:wrap_get_embeddings"),),
+            ),
+        ),
+    ),
+)

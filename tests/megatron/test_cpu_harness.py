@@ -1,0 +1,52 @@
+"""The CPU harness runs upstream's tiny GPT with MTP end to end and leaves nothing behind."""
+
+from __future__ import annotations
+
+import torch
+from cpu_harness import cpu_megatron
+
+
+def test_harness_restores_redirected_cuda_calls() -> None:
+    from megatron.core.tensor_parallel import random as megatron_random
+
+    before = (
+        torch.cuda.current_device,
+        torch.cuda.get_rng_state,
+        torch.cuda.manual_seed,
+        megatron_random._get_cuda_rng_state,
+        megatron_random._set_cuda_rng_state,
+    )
+    with cpu_megatron():
+        assert torch.cuda.current_device() == "cpu"
+    after = (
+        torch.cuda.current_device,
+        torch.cuda.get_rng_state,
+        torch.cuda.manual_seed,
+        megatron_random._get_cuda_rng_state,
+        megatron_random._set_cuda_rng_state,
+    )
+    assert after == before
+
+
+def test_tiny_gpt_with_mtp_trains_every_parameter_on_cpu(tiny_gpt, batch) -> None:
+    model = tiny_gpt(mtp_num_layers=2)
+    loss = model(
+        batch.input_ids,
+        batch.position_ids,
+        batch.attention_mask,
+        labels=batch.labels,
+        loss_mask=batch.loss_mask,
+    )
+    assert loss.shape == batch.labels.shape
+    (loss * batch.loss_mask).sum().backward()
+    missing = [name for name, p in model.named_parameters() if p.grad is None]
+    assert missing == []
+
+
+def test_tiny_gpt_is_deterministic_for_a_seed(tiny_gpt) -> None:
+    first = tiny_gpt(mtp_num_layers=1, seed=3).state_dict()
+    second = tiny_gpt(mtp_num_layers=1, seed=3).state_dict()
+    assert first.keys() == second.keys()
+    for key, value in first.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(value, second[key]), key
