@@ -34,9 +34,22 @@ def _unwrap(chunk: nn.Module) -> nn.Module:
     return unwrap_model(chunk)
 
 
+def _is_quantizable_linear(module: nn.Module) -> bool:
+    """A module ModelOpt can quantize (registered) whose weight is a matrix: a linear, not a norm.
+
+    Embeddings are left out: ModelOpt's default-disabled list switches their quantizers off anyway.
+    """
+    weight = getattr(module, "weight", None)
+    return (
+        type(module) in QuantModuleRegistry
+        and getattr(weight, "ndim", 0) >= 2
+        and not isinstance(module, nn.Embedding)
+    )
+
+
 def quantizable_modules(model: nn.Module) -> list[str]:
-    """Names of the modules ModelOpt knows how to quantize (registered in ``QuantModuleRegistry``)."""
-    return [name for name, module in model.named_modules() if name and type(module) in QuantModuleRegistry]
+    """Names of the linear layers ModelOpt can fake-quantize."""
+    return [name for name, module in model.named_modules() if name and _is_quantizable_linear(module)]
 
 
 def _matches(pattern: str, names: Iterable[str]) -> bool:
@@ -73,18 +86,21 @@ def apply_qat(
     normalize_mode(mode)
     chunks = [model_chunks] if isinstance(model_chunks, nn.Module) else list(model_chunks)
     models = [_unwrap(chunk) for chunk in chunks]
+    already = [name for model in models for name, m in model.named_modules() if isinstance(m, TensorQuantizer)]
+    if already:
+        raise QATConfigError(
+            "model already has ModelOpt quantizers; refusing to apply QAT twice",
+            ", ".join(type(m).__name__ for m in models), already, "quantizers present",
+        )
     all_names = [name for model in models for name, _ in model.named_modules() if name]
     quantizable = [name for model in models for name in quantizable_modules(model)]
     if not quantizable:
         kinds = sorted({type(module).__name__ for model in models for module in model.modules()})
         raise QATConfigError(
-            f"{mode} QAT of {', '.join(type(m).__name__ for m in models) or 'no model'}",
-            kinds,
-            "no module ModelOpt can quantize (no registered linear layer); module types present",
+            f"no linear layer that ModelOpt can quantize for {mode} QAT in",
+            ", ".join(type(m).__name__ for m in models) or "an empty list of chunks",
+            kinds, "module types present",
         )
-    already = [name for model in models for name, m in model.named_modules() if isinstance(m, TensorQuantizer)]
-    if already:
-        raise QATConfigError(mode, already, "the model is already quantized (it has ModelOpt quantizers)")
     _check_ignore_patterns(tuple(ignore), all_names, quantizable, strict_ignore)
 
     config = build_qat_config(mode, ignore, quantize_mtp=quantize_mtp, backend=backend)
@@ -103,8 +119,8 @@ def _check_ignore_patterns(
             logger.debug("patchkit: QAT ignore %r -> %r", asked, pattern)
             continue
         error = QATConfigError(
-            f"{asked} (as Megatron: {pattern})", quantizable,
-            "QAT ignore pattern matches no module of the model; quantizable modules",
+            "QAT ignore pattern matches no module of the model",
+            f"{asked} (as Megatron: {pattern})", quantizable, "quantizable modules",
         )
         if strict:
             raise error

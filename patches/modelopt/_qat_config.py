@@ -49,7 +49,7 @@ def normalize_mode(mode: str) -> str:
     key = mode.strip().lower().replace("-", "_") if isinstance(mode, str) else mode
     aliases = {"nvfp4_w4a16": "w4a16_nvfp4", "w4a16_nvfp4": "w4a16_nvfp4"}
     if key not in aliases:
-        raise QATConfigError(str(mode), SUPPORTED_MODES, "unsupported QAT mode")
+        raise QATConfigError("unsupported QAT mode", str(mode), SUPPORTED_MODES, "supported")
     return aliases[key]
 
 
@@ -60,8 +60,9 @@ def resolve_backend(backend: str | None) -> str | None:
     if backend is not None and not is_registered_quant_backend(backend):
         registered = [CPU_BACKEND_NAME] if is_registered_quant_backend(CPU_BACKEND_NAME) else []
         raise QATConfigError(
-            backend, registered,
-            "quant backend not registered with ModelOpt (for the CPU one apply 'modelopt.nvfp4_cpu_fake_quant')",
+            "quant backend not registered with ModelOpt (patchkit's CPU one comes with the patch "
+            "'modelopt.nvfp4_cpu_fake_quant')",
+            backend, registered, "registered by patchkit",
         )
     return backend
 
@@ -126,8 +127,10 @@ def _set_weight_entry(entries: list[dict[str, Any]], weight: dict[str, Any]) -> 
             entry["cfg"] = {**cfg, **weight}
             entry.pop("enable", None)
             return
-    raise QATConfigError("*weight_quantizer", [str(e.get("quantizer_name")) for e in entries],
-                         "ModelOpt's W4A16_NVFP4_CFG has no weight-quantizer entry")
+    raise QATConfigError(
+        "ModelOpt's W4A16_NVFP4_CFG has no entry", "*weight_quantizer",
+        [str(e.get("quantizer_name")) for e in entries], "entries",
+    )
 
 
 def _dict_quant_cfg(weight: dict[str, Any], disabled: list[str], quantize_mtp: bool) -> dict[str, Any]:

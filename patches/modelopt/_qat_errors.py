@@ -13,8 +13,10 @@ class QATConfigError(PatchkitError, ValueError):
     Raised before the model is touched, so the model is left exactly as it was.
     """
 
-    def __init__(self, asked: str, available: Sequence[str], problem: str) -> None:
+    def __init__(self, problem: str, asked: str, available: Sequence[str], label: str = "available") -> None:
         self.asked = asked
         self.available = tuple(available)
-        shown = ", ".join(self.available[:12]) + (f", ... ({len(self.available)} in all)" if len(self.available) > 12 else "")
-        super().__init__(f"{problem}: asked for {asked!r}; available: {shown or 'nothing'}")
+        shown = ", ".join(self.available[:12])
+        if len(self.available) > 12:
+            shown += f", ... ({len(self.available)} in all)"
+        super().__init__(f"{problem}: {asked!r}; {label}: {shown or 'none'}")
