@@ -6,7 +6,7 @@ import logging
 
 import pytest
 import torch
-from conftest import assert_blocks_on_fp4_grid, batch
+from qat_fixtures import assert_blocks_on_fp4_grid, batch
 from modelopt.torch.quantization.nn import TensorQuantizer
 
 from patchkit.patches.modelopt.qat import QATConfigError, apply_qat
