@@ -34,7 +34,10 @@ PATCHES = (
         removal="Remove when GPTModelProvider dispatches on restore_modelopt_state again (0.4's GPTModelBuilder does).",
         version_modules=BRIDGE,
         variants=(
-            Variant(requires=V02, native="0.2 default_layer_spec returns quantization_layer_spec on restore_modelopt_state"),
+            Variant(
+                requires=V02,
+                native="0.2 default_layer_spec returns quantization_layer_spec on restore_modelopt_state",
+            ),
             Variant(
                 requires=V03,
                 installs=(Wrap(f"{GPT_PROVIDER}:GPTModelProvider.provide", "._modelopt_layer_spec_v03:wrap_provide"),),
@@ -55,7 +58,11 @@ PATCHES = (
             Variant(
                 requires=V02_V03,
                 installs=(
-                    Call("._quant_linear_parallelism:install", "._quant_linear_parallelism:uninstall", after=PARAM_MAPPING),
+                    Call(
+                        "._quant_linear_parallelism:install",
+                        "._quant_linear_parallelism:uninstall",
+                        after=PARAM_MAPPING,
+                    ),
                     Wrap(f"{PARAM_MAPPING}:AutoMapping._detect_parallelism_type",
                          "._quant_linear_parallelism:wrap_detect_parallelism_type"),
                 ),
@@ -92,7 +99,9 @@ PATCHES = (
         variants=(
             Variant(
                 requires=V02_V03,
-                installs=(Wrap(f"{MODEL_BRIDGE}:_megatron_local_name_to_global", "._expert_names:wrap_local_name_to_global"),),
+                installs=(
+                    Wrap(f"{MODEL_BRIDGE}:_megatron_local_name_to_global", "._expert_names:wrap_local_name_to_global"),
+                ),
             ),
         ),
     ),

@@ -97,7 +97,8 @@ def _block_size(quantizer) -> int:
     size = block_sizes.get(-1)
     if size is None:
         raise NotImplementedError(
-            f"{BACKEND_NAME} quantizes blocks along the last dimension only; quantizer asks for block_sizes={block_sizes}"
+            f"{BACKEND_NAME} quantizes blocks along the last dimension only; "
+            f"quantizer asks for block_sizes={block_sizes}"
         )
     return int(size)
 

@@ -33,7 +33,6 @@ def _map_all(function, config) -> dict[str, str]:
 
 def run(rank: int, world_size: int, port: int, out_dir: str) -> None:
     import torch
-
     from te_stub import bridge_import_context
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

@@ -12,9 +12,9 @@ from ep_worker import GROUPED_QUANTIZER
 from megatron.bridge.models.conversion import model_bridge
 from megatron.bridge.models.conversion.param_mapping import AutoMapping
 from packaging.version import Version
+from patchkit.patches.modelopt.qat import apply_qat
 
 import patchkit
-from patchkit.patches.modelopt.qat import apply_qat
 
 BRIDGE = Version(importlib.metadata.version("megatron-bridge"))
 EXPORT_PATCHES = (
@@ -139,6 +139,8 @@ def test_expert_names_map_local_to_global_on_ep_ranks_0_to_3(tmp_path):
             assert patched[unchanged] == unchanged
         # What upstream does alone: grouped names mapped, SequentialMLP names left local,
         # a grouped quantizer name breaks its expert-number parsing.
-        assert upstream["decoder.layers.0.mlp.experts.linear_fc1.weight0"] == patched["decoder.layers.0.mlp.experts.linear_fc1.weight0"]
-        assert upstream["decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight"].endswith("local_experts.0.linear_fc1.weight")
+        grouped = "decoder.layers.0.mlp.experts.linear_fc1.weight0"
+        sequential = "decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight"
+        assert upstream[grouped] == patched[grouped]
+        assert upstream[sequential] == sequential
         assert upstream[GROUPED_QUANTIZER].startswith("ValueError")

@@ -12,9 +12,9 @@ import torch
 from modelopt.torch.quantization.nn import TensorQuantizer
 from modelopt.torch.quantization.nn.modules.tensor_quantizer import is_registered_quant_backend
 from modelopt.torch.quantization.qtensor import NVFP4QTensor, nvfp4_tensor
+from patchkit.patches.modelopt.qat import CPU_BACKEND_NAME
 
 import patchkit
-from patchkit.patches.modelopt.qat import CPU_BACKEND_NAME
 
 
 @pytest.fixture
@@ -71,9 +71,8 @@ def test_ties_round_as_the_kernel(cpu_backend_module):
 def test_straight_through_gradient(cpu_backend_module):
     weight = torch.randn(8, 32, requires_grad=True)
     quantizer = TensorQuantizer()
-    quantizer.set_from_attribute_config(
-        {"num_bits": (2, 1), "block_sizes": {-1: 16, "type": "dynamic", "scale_bits": (4, 3)}, "backend": CPU_BACKEND_NAME}
-    )
+    block_sizes = {-1: 16, "type": "dynamic", "scale_bits": (4, 3)}
+    quantizer.set_from_attribute_config({"num_bits": (2, 1), "block_sizes": block_sizes, "backend": CPU_BACKEND_NAME})
     out = quantizer(weight)
     assert not torch.equal(out, weight)
     out.sum().backward()

@@ -14,10 +14,9 @@ from typing import Any, Iterator
 
 import pytest
 import torch
-from qat_fixtures import SEQ_LEN, VOCAB_SIZE, assert_blocks_on_fp4_grid, batch, build_tiny_moe_gpt
 from modelopt.torch.quantization.nn import TensorQuantizer
-
 from patchkit.patches.modelopt.qat import apply_qat
+from qat_fixtures import SEQ_LEN, VOCAB_SIZE, assert_blocks_on_fp4_grid, batch, build_tiny_moe_gpt
 
 pytestmark = [
     pytest.mark.gpu,

@@ -6,10 +6,9 @@ import logging
 
 import pytest
 import torch
-from qat_fixtures import assert_blocks_on_fp4_grid, batch
 from modelopt.torch.quantization.nn import TensorQuantizer
-
 from patchkit.patches.modelopt.qat import QATConfigError, apply_qat
+from qat_fixtures import assert_blocks_on_fp4_grid, batch
 
 LINEARS = ("self_attention.linear_qkv", "self_attention.linear_proj")
 EXPERTS = tuple(f"mlp.experts.local_experts.{e}.linear_fc{i}" for e in range(4) for i in (1, 2))
@@ -94,7 +93,8 @@ def test_ignore_pattern_matching_nothing_warns_with_what_exists(tiny_moe_gpt, cp
 def test_strict_ignore_refuses_and_leaves_the_model_as_it_was(tiny_moe_gpt, cpu_backend):
     model = tiny_moe_gpt()
     classes = {name: type(m) for name, m in model.named_modules()}
-    with pytest.raises(QATConfigError, match=r"matches no module of the model: '\*visual_tower\* .*quantizable modules: .*linear_qkv"):
+    expected = r"matches no module of the model: '\*visual_tower\* .*quantizable modules: .*linear_qkv"
+    with pytest.raises(QATConfigError, match=expected):
         apply_qat(model, ignore=["*visual_tower*"], strict_ignore=True)
     assert {name: type(m) for name, m in model.named_modules()} == classes
 
@@ -109,7 +109,8 @@ def test_unsupported_mode_leaves_the_model_as_it_was(tiny_moe_gpt):
 
 def test_model_without_quantizable_linear_is_refused():
     model = torch.nn.Sequential(torch.nn.LayerNorm(16), torch.nn.GELU())
-    with pytest.raises(QATConfigError, match=r"no linear layer .* in: 'Sequential'; module types present: GELU, LayerNorm, Sequential"):
+    expected = r"no linear layer .* in: 'Sequential'; module types present: GELU, LayerNorm, Sequential"
+    with pytest.raises(QATConfigError, match=expected):
         apply_qat(model)
     assert not any(isinstance(m, TensorQuantizer) for m in model.modules())
 

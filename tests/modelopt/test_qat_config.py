@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import importlib.metadata
 
-import pytest
-from packaging.version import Version
-
 import modelopt.torch.quantization as mtq
+import pytest
 from modelopt.torch.quantization import config as mtq_config
-
+from packaging.version import Version
 from patchkit.patches.modelopt.qat import QATConfigError, build_qat_config, hf_patterns_to_megatron
 
 MODELOPT = Version(importlib.metadata.version("nvidia-modelopt"))
