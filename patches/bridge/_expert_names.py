@@ -43,8 +43,9 @@ def wrap_local_name_to_global(original: Callable[..., str]) -> Callable[..., str
     @functools.wraps(original)
     def _megatron_local_name_to_global(models: Any, config: Any, param_name: str, vp_stage: Any = None) -> str:
         if is_quantizer_name(param_name):
-            # Upstream parses the digits after '.weight' as an expert number and fails on
-            # '.weight_quantizer._amax'; quantizer state is not exported (bridge.skip_quantizer_params).
+            # Upstream parses the text after '.weight' as an expert number and fails on
+            # '.weight_quantizer._amax'. Quantizer state is not exported (bridge.skip_quantizer_params),
+            # so its name is returned as it is, without upstream's pipeline renumbering either.
             return param_name
         name = original(models, config, param_name, vp_stage)
         if ".adapter." in name:  # upstream keeps adapters unsharded across EP ranks (0.3)

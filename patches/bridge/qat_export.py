@@ -14,7 +14,6 @@ BRIDGE = {"megatron-bridge": "megatron.bridge"}
 GPT_PROVIDER = "megatron.bridge.models.gpt_provider"
 MODEL_BRIDGE = "megatron.bridge.models.conversion.model_bridge"
 PARAM_MAPPING = "megatron.bridge.models.conversion.param_mapping"
-PEFT_BRIDGE = "megatron.bridge.models.conversion.peft_bridge"
 BLOB = "https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/v0.3.1/src/megatron/bridge/models"
 
 V02 = {"megatron-bridge": ">=0.2.0rc0,<0.3.0rc0"}
@@ -114,17 +113,12 @@ PATCHES = (
         version_modules=BRIDGE,
         variants=(
             Variant(
-                requires=V02,
-                label="megatron-bridge 0.2",
+                requires=V02_V03,
+                # Only the export call site in model_bridge. 0.3's peft_bridge imports the key too, for
+                # adapter export (adapters are not expert-sharded). It is left alone: model_bridge imports
+                # peft_bridge, so a variant targeting both would be installed as soon as peft_bridge is
+                # loaded, while model_bridge is still executing and lacks the attribute.
                 installs=(Wrap(f"{MODEL_BRIDGE}:extract_sort_key", "._expert_names:wrap_extract_sort_key"),),
-            ),
-            Variant(
-                requires=V03,
-                label="megatron-bridge 0.3",
-                installs=(
-                    Wrap(f"{MODEL_BRIDGE}:extract_sort_key", "._expert_names:wrap_extract_sort_key"),
-                    Wrap(f"{PEFT_BRIDGE}:extract_sort_key", "._expert_names:wrap_extract_sort_key"),
-                ),
             ),
         ),
     ),

@@ -50,8 +50,10 @@ def nvfp4_fake_quantize(inputs: torch.Tensor, global_amax: torch.Tensor, block_s
     when it underflows below 1e-5; values rounded to E2M1 magnitudes, sign restored. A last block
     shorter than ``block_size`` is zero-padded, as the kernel's boundary-checked loads do.
     """
+    if inputs.dim() == 0:
+        raise ValueError("NVFP4 quantizes blocks along the last dimension; got a 0-dimensional tensor")
     shape, dtype = inputs.shape, inputs.dtype
-    rows = inputs.reshape(-1, shape[-1]).float() if inputs.dim() else inputs.reshape(1, 1).float()
+    rows = inputs.reshape(-1, shape[-1]).float()
     padding = (-rows.shape[-1]) % block_size
     if padding:
         rows = torch.nn.functional.pad(rows, (0, padding))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import logging
-from typing import Any, Iterable, Sequence
+from typing import Iterable, Sequence
 
 import modelopt.torch.quantization as mtq
 from modelopt.torch.quantization.nn import QuantModuleRegistry, TensorQuantizer
@@ -126,12 +126,3 @@ def _check_ignore_patterns(
             raise error
         logger.warning("patchkit: %s", error)
 
-
-def describe(model: nn.Module) -> dict[str, Any]:
-    """Which weight quantizers are on and off: for logs and tests."""
-    on = enabled_weight_quantizers(model)
-    off = [
-        name for name, m in model.named_modules()
-        if name.endswith("weight_quantizer") and isinstance(m, TensorQuantizer) and not m.is_enabled
-    ]
-    return {"enabled": on, "disabled": off}

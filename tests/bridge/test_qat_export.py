@@ -93,10 +93,6 @@ def test_sort_key_orders_both_expert_namings():
     assert upstream.index(MIXED[0]) < upstream.index(MIXED[1])  # local_experts.10 before .2 upstream
     with patchkit.applied("bridge.expert_sort_key"):
         patched = sorted(MIXED, key=model_bridge.extract_sort_key)
-        if BRIDGE >= Version("0.3.0rc0"):
-            from megatron.bridge.models.conversion import peft_bridge
-
-            assert peft_bridge.extract_sort_key is model_bridge.extract_sort_key
     assert patched == [
         "embedding.word_embeddings.weight",
         "decoder.layers.0.self_attention.linear_qkv.weight",
@@ -119,7 +115,12 @@ def _free_port() -> int:
 def test_expert_names_map_local_to_global_on_ep_ranks_0_to_3(tmp_path):
     import ep_worker
 
-    torch.multiprocessing.spawn(ep_worker.run, args=(4, _free_port(), str(tmp_path)), nprocs=4, join=True)
+    import multiprocessing
+
+    multiprocessing.get_context("forkserver").set_forkserver_preload(["ep_preload"])
+    torch.multiprocessing.start_processes(
+        ep_worker.run, args=(4, _free_port(), str(tmp_path)), nprocs=4, join=True, start_method="forkserver"
+    )
     results = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(4)]
     for rank, result in enumerate(results):
         assert result["ep_rank"] == rank and result["states"] == ["applied"]
@@ -144,3 +145,31 @@ def test_expert_names_map_local_to_global_on_ep_ranks_0_to_3(tmp_path):
         assert upstream[grouped] == patched[grouped]
         assert upstream[sequential] == sequential
         assert upstream[GROUPED_QUANTIZER].startswith("ValueError")
+
+
+_STARTUP = """
+import json, sys
+import patchkit
+patchkit.apply_all()                                   # before any upstream import, as trainers do
+from te_stub import bridge_import_context
+with bridge_import_context():
+    import megatron.bridge.models.conversion.model_bridge
+    import megatron.bridge.models.gpt_provider
+json.dump({r.id: [r.state.value, r.reason and r.reason.value] for r in patchkit.status("bridge.*")}, sys.stdout)
+"""
+
+
+@pytest.mark.slow
+def test_patches_declared_at_startup_install_when_bridge_is_imported(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    done = subprocess.run([sys.executable, "-c", _STARTUP], cwd=Path(__file__).parent, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    states = json.loads(done.stdout.strip().splitlines()[-1])
+    expected = dict.fromkeys(EXPORT_PATCHES, ["applied", None])
+    native = BRIDGE < Version("0.3.0rc0")
+    expected["bridge.modelopt_layer_spec"] = ["skipped", "native"] if native else ["applied", None]
+    assert states == expected

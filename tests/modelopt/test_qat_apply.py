@@ -120,3 +120,15 @@ def test_quantizing_twice_is_refused(tiny_moe_gpt, cpu_backend):
     apply_qat(model)
     with pytest.raises(QATConfigError, match="already has ModelOpt quantizers.*quantizers present: .*weight_quantizer"):
         apply_qat(model)
+
+
+def test_the_grid_check_rejects_weights_that_are_not_fp4():
+    weight = torch.randn(8, 32)
+    with pytest.raises(AssertionError, match="distinct magnitudes|off the E2M1 grid"):
+        assert_blocks_on_fp4_grid(weight, weight)
+    on_grid = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0] * 2) * 0.37
+    assert assert_blocks_on_fp4_grid(on_grid[None], on_grid[None]) == 1
+    off_grid = on_grid.clone()
+    off_grid[3] = off_grid[11] = 0.37 * 2.5  # 1.5 replaced by 2.5, not an E2M1 value
+    with pytest.raises(AssertionError, match="off the E2M1 grid"):
+        assert_blocks_on_fp4_grid(off_grid[None], off_grid[None])
