@@ -113,9 +113,9 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 def test_expert_names_map_local_to_global_on_ep_ranks_0_to_3(tmp_path):
-    import ep_worker
-
     import multiprocessing
+
+    import ep_worker
 
     multiprocessing.get_context("forkserver").set_forkserver_preload(["ep_preload"])
     torch.multiprocessing.start_processes(
