@@ -16,8 +16,8 @@ import wrapt
 
 from patchkit import Engine, Patch, Registered, Replace, Variant, Wrap
 
-CALLS = 2_000_000
-REPEATS = 7
+CALLS = 1_000_000
+ROUNDS = 9
 
 
 class Model:
@@ -36,9 +36,8 @@ def delegate(original):
     return forward
 
 
-def best_ns(stmt, setup_globals) -> float:
-    timer = timeit.Timer(stmt, globals=setup_globals)
-    return min(timer.repeat(repeat=REPEATS, number=CALLS)) / CALLS * 1e9
+def per_call_ns(model: Model) -> float:
+    return timeit.Timer("model.forward(1)", globals={"model": model}).timeit(number=CALLS) / CALLS * 1e9
 
 
 def engine_with(action) -> Engine:
@@ -54,33 +53,36 @@ def main() -> None:
     sys.modules["bench_upstream"] = module
     model = Model()
     original = Model.__dict__["forward"]
-    Model.forward = replacement  # the same replacement installed by hand: the baseline
-    direct_ns = best_ns("model.forward(1)", {"model": model})
-    Model.forward = original
-
     for_replace = engine_with(Replace("bench_upstream:Model.forward", replacement))
-    for_replace.apply_all()
-    replaced_ns = best_ns("model.forward(1)", {"model": model})
-    for_replace.revert_all()
-
     for_wrap = engine_with(Wrap("bench_upstream:Model.forward", delegate))
-    for_wrap.apply_all()
-    wrapped_ns = best_ns("model.forward(1)", {"model": model})
-    for_wrap.revert_all()
 
     def wrapper(wrapped, instance, args, kwargs):
         return wrapped(*args, **kwargs) + 1
 
-    Model.forward = wrapt.FunctionWrapper(Model.__dict__["forward"], wrapper)
-    wrapt_ns = best_ns("model.forward(1)", {"model": model})
+    def by_hand() -> None:  # the same replacement installed by hand: the baseline
+        Model.forward = replacement
 
-    sys.stdout.write(
-        f"per call, best of {REPEATS}x{CALLS}: replacement installed by hand {direct_ns:.0f} ns; "
-        f"patchkit Replace {replaced_ns:.0f} ns ({replaced_ns - direct_ns:+.0f} ns, "
-        f"ratio {replaced_ns / direct_ns:.2f}x); "
-        f"patchkit Wrap closure {wrapped_ns:.0f} ns ({wrapped_ns - direct_ns:+.0f} ns); "
-        f"wrapt FunctionWrapper {wrapt_ns:.0f} ns ({wrapt_ns - direct_ns:+.0f} ns)\n"
-    )
+    def through_wrapt() -> None:
+        Model.forward = wrapt.FunctionWrapper(original, wrapper)
+
+    def restore() -> None:
+        Model.forward = original
+
+    kinds = {
+        "by hand": (by_hand, restore),
+        "patchkit Replace": (for_replace.apply_all, for_replace.revert_all),
+        "patchkit Wrap closure": (for_wrap.apply_all, for_wrap.revert_all),
+        "wrapt FunctionWrapper": (through_wrapt, restore),
+    }
+    best = {kind: float("inf") for kind in kinds}
+    for _ in range(ROUNDS):  # interleaved, so load on a shared machine hits every kind alike
+        for kind, (install, uninstall) in kinds.items():
+            install()
+            best[kind] = min(best[kind], per_call_ns(model))
+            uninstall()
+    base = best["by hand"]
+    figures = "; ".join(f"{kind} {ns:.0f} ns ({ns - base:+.0f} ns, {ns / base:.2f}x)" for kind, ns in best.items())
+    sys.stdout.write(f"per call, best of {ROUNDS} interleaved rounds of {CALLS}: {figures}\n")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 from typing import Mapping, Sequence
 
@@ -67,7 +68,13 @@ def apply_all(
 
     Patches whose upstream modules are already imported are installed now; the others when those
     modules are first imported. Idempotent. Arguments override the ``PATCHKIT_*`` variables.
+    Declaration modules named in ``PATCHKIT_EXTRA_PATCHES`` are registered first.
     """
+    if (os.environ if environ is None else environ).get("PATCHKIT_EXTRA_PATCHES"):
+        from .autoload import register_extra_patches
+
+        for problem in register_extra_patches(environ)[1]:
+            logging.getLogger("patchkit").error("patchkit: %s", problem)
     return engine().apply_all(enable=enable, disable=disable, force=force, strict=strict, environ=environ)
 
 

@@ -57,18 +57,24 @@ def _declaration_modules(package_name: str) -> list[str]:
     ]
 
 
+def declarations(module_name: str) -> tuple[Patch, ...]:
+    """The validated ``PATCHES`` of one declaration module; raises if any is malformed."""
+    module = importlib.import_module(module_name)
+    patches = tuple(module.PATCHES)
+    for patch in patches:
+        if not isinstance(patch, Patch):
+            raise DeclarationError(f"{module_name}.PATCHES must hold Patch objects, got {patch!r}")
+        validate(patch)
+    return patches
+
+
 def load(package_name: str = CATALOGUE_PACKAGE) -> tuple[list[Registered], list[CatalogueError]]:
     """Import every declaration module and collect its ``PATCHES``."""
     found: list[Registered] = []
     errors: list[CatalogueError] = []
     for module_name in _declaration_modules(package_name):
         try:
-            module = importlib.import_module(module_name)
-            patches = tuple(module.PATCHES)
-            for patch in patches:
-                if not isinstance(patch, Patch):
-                    raise DeclarationError(f"{module_name}.PATCHES must hold Patch objects, got {patch!r}")
-                validate(patch)
+            patches = declarations(module_name)
         except Exception as exc:  # a broken declaration must not take the host process down
             logger.error("patchkit: cannot load patch declarations from %s: %r", module_name, exc)
             errors.append(CatalogueError(module_name, repr(exc)))

@@ -1,8 +1,9 @@
-"""The ``patchkit`` command: list, status, explain."""
+"""The ``patchkit`` command: list, status, explain, run."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 from typing import Sequence
@@ -25,8 +26,11 @@ def _list(args: argparse.Namespace) -> int:
 
 def _status(args: argparse.Namespace) -> int:
     eng = default_engine()
-    eng.apply_all()
-    records = eng.status() if args.no_import else eng.import_targets()
+    # Upstreams print while being imported (vLLM's logger writes to stdout): keep stdout for our
+    # report, so `status --json` stays parseable.
+    with contextlib.redirect_stdout(sys.stderr):
+        eng.apply_all()
+        records = eng.status() if args.no_import else eng.import_targets()
     _write(status_json(records) if args.json else status_table(records))
     return 1 if any(r.state.value == "failed" for r in records) else 0
 
@@ -42,6 +46,16 @@ def _explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run(args: argparse.Namespace) -> int:
+    from .launcher import run
+
+    command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not command:
+        sys.stderr.write("patchkit run: give the command after --, e.g. `patchkit run -- python train.py`\n")
+        return 2
+    return run(command)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="patchkit", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log what patchkit does to stderr")
@@ -55,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     explain = commands.add_parser("explain", help="one patch in full, and its state here")
     explain.add_argument("id")
     explain.set_defaults(run=_explain)
+    launch = commands.add_parser("run", help="run a command with every Python process it starts autoloading patches",
+                                 usage="patchkit run -- COMMAND [ARGS...]")
+    launch.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
+    launch.set_defaults(run=_run)
     return parser
 
 

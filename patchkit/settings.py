@@ -19,6 +19,9 @@ ENABLE = "PATCHKIT_ENABLE"
 STRICT = "PATCHKIT_STRICT"
 FORCE = "PATCHKIT_FORCE"
 LOG_LEVEL = "PATCHKIT_LOG_LEVEL"
+AUTOLOAD = "PATCHKIT_AUTOLOAD"
+EXTRA_PATCHES = "PATCHKIT_EXTRA_PATCHES"
+MANIFEST_DIR = "PATCHKIT_MANIFEST_DIR"
 
 #: Documented in the README; every variable patchkit reads.
 VARIABLES: Mapping[str, str] = {
@@ -27,6 +30,11 @@ VARIABLES: Mapping[str, str] = {
     STRICT: "1/true/yes/on or 0/false/no/off: raise typed errors instead of recording failures",
     FORCE: "comma-separated ids or globs: apply the nearest variant outside the verified range",
     LOG_LEVEL: "DEBUG, INFO, WARNING, ERROR, CRITICAL or 0-50, for the 'patchkit' logger",
+    AUTOLOAD: "1/true/yes/on or 0/false/no/off: apply patches at every interpreter start (the .pth hook)",
+    EXTRA_PATCHES: "comma-separated importable modules exposing PATCHES, registered by autoload "
+                   "in addition to the catalogue",
+    MANIFEST_DIR: "a folder: every autoloaded process writes its manifest there (<host>-<pid>.json), "
+                  "at start-up and at exit",
 }
 
 _PATTERN_FORM = "comma-separated patch ids or globs, e.g. 'megatron.mtp_postprocess,vllm.*' or '*'"
@@ -84,6 +92,19 @@ def parse_bool(variable: str, value: str) -> bool:
     if lowered in _FALSE:
         return False
     raise ConfigError(variable, value, "1, true, yes, on, 0, false, no, off")
+
+
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+def parse_modules(variable: str, value: str) -> tuple[str, ...]:
+    """Split a comma-separated list of dotted module names; reject what cannot be one."""
+    tokens = tuple(token.strip() for token in value.split(",")) if value.strip() else ()
+    for token in tokens:
+        if not _MODULE.match(token):
+            raise ConfigError(variable, value, "comma-separated dotted module names, e.g. 'mypkg.patches,other.decl'",
+                              problem=f"malformed (bad entry {token!r})")
+    return tokens
 
 
 def parse_log_level(variable: str, value: str) -> int:

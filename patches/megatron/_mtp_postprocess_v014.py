@@ -27,7 +27,7 @@ from torch import Tensor
 
 from patchkit.probing import accepts_parameter, get_field
 
-from ._mtp_logits import main_head_logits
+from ._mtp_postprocess_logits import main_head_logits
 
 # 0.16 added standalone MTP pipeline stages: the output-layer stage may hold MTP hidden states
 # without running the MTP block, so upstream keys the loss on the config, not on ``mtp_process``.

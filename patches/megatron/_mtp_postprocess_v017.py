@@ -18,7 +18,7 @@ from megatron.core.transformer.multi_token_prediction import process_mtp_loss
 
 from patchkit.probing import get_field
 
-from ._mtp_logits import main_head_logits
+from ._mtp_postprocess_logits import main_head_logits
 
 
 def wrap_postprocess(original: Callable[..., Any]) -> Callable[..., Any]:

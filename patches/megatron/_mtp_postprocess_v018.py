@@ -21,7 +21,6 @@ from torch import Tensor
 from patchkit.probing import get_field
 
 
-
 def main_head_logits_processor(
     *,
     hidden_states: Tensor,

@@ -30,6 +30,9 @@ PATCHES = (
             "Remove once upstream returns logits with the MTP loss attached for caller-given "
             "labels (0.19 does so only for labels derived from input_ids)."
         ),
+        # Opt-in: it changes what forward(labels=...) returns, which a pre-training job sharing the
+        # process-wide apply_all() must not get by surprise.
+        opt_in=True,
         version_modules=_VERSION_MODULES,
         variants=(
             Variant(
@@ -69,7 +72,7 @@ PATCHES = (
             Variant(
                 label="detach-in-get-embeddings",
                 requires={"megatron-core": ">=0.14,<0.20"},
-                installs=(Wrap(_GET_EMBEDDINGS, "._mtp_detach_inputs:wrap_get_embeddings"),),
+                installs=(Wrap(_GET_EMBEDDINGS, "._mtp_postprocess_detach:wrap_get_embeddings"),),
             ),
         ),
     ),

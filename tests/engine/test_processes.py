@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -28,7 +29,7 @@ patchkit.engine().register(Patch(
 ))
 
 def report():
-    records = [r.to_dict() for r in patchkit.status()]
+    records = [r.to_dict() for r in patchkit.status("toy.*")]
     from {package}.core import Model
     sys.stdout.write(json.dumps({{"status": records, "forward": Model().forward(1)}}))
 """
@@ -71,6 +72,11 @@ def test_strict_mode_lets_the_hook_failure_reach_the_import(make_upstream):
     assert result.returncode != 0 and "PatchInstallError" in result.stderr
 
 
+UPSTREAMS = ("megatron", "vllm", "modelopt")
+
+
+@pytest.mark.skipif(any(importlib.util.find_spec(name) for name in UPSTREAMS),
+                    reason="an upstream is installed here: its patches wait for imports, which needs wrapt")
 def test_import_and_apply_all_import_no_upstream_and_no_wrapt():
     code = textwrap.dedent("""
         import sys, json

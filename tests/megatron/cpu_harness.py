@@ -30,7 +30,7 @@ from unittest import mock
 
 import torch
 
-__all__ = ["cpu_megatron", "initialize_parallel_state", "destroy_parallel_state"]
+__all__ = ["cpu_megatron", "destroy_parallel_state", "free_port", "initialize_parallel_state"]
 
 
 class _DeviceRNG:
@@ -68,7 +68,7 @@ def cpu_megatron() -> Iterator[None]:
         yield
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -84,7 +84,7 @@ def initialize_parallel_state(seed: int = 1234, **model_parallel_kwargs: Any) ->
 
     if not torch.distributed.is_initialized():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ["MASTER_PORT"] = str(_free_port())
+        os.environ["MASTER_PORT"] = str(free_port())
         torch.distributed.init_process_group(backend="gloo", rank=0, world_size=1)
     parallel_state.initialize_model_parallel(**model_parallel_kwargs)
     model_parallel_cuda_manual_seed(seed)

@@ -8,86 +8,30 @@ run. fp32 throughout; tolerance 1e-5.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import inspect
+from collections.abc import Callable
 from importlib.metadata import version
 from typing import Any
 
 import pytest
 import torch
-from conftest import Batch
+from mtp_checks import (
+    ATOL,
+    assert_attached_mtp_losses_match_upstream,
+    assert_trainer_gradients_match_upstream,
+    mtp_parameters,
+    outcome,
+    run,
+    token_loss_from_logits,
+)
 from packaging.version import Version
+from tiny_gpt import VOCAB_SIZE, Batch
 
 import patchkit
 
 MCORE = Version(version("megatron-core"))
-ATOL = 1e-5
 
-
-@pytest.fixture(autouse=True)
-def _empty_mtp_tracker() -> Iterator[None]:
-    from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
-
-    MTPLossLoggingHelper.tracker.clear()
-    yield
-    MTPLossLoggingHelper.tracker.clear()
-
-
-@pytest.fixture
-def attached_mtp_losses(monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
-    """Every loss tensor handed to ``MTPLossAutoScaler.apply``, in call order (upstream's or ours)."""
-    from megatron.core.transformer.multi_token_prediction import MTPLossAutoScaler
-
-    recorded: list[torch.Tensor] = []
-    original_apply = MTPLossAutoScaler.apply
-
-    def recording_apply(output: torch.Tensor, mtp_loss: torch.Tensor) -> torch.Tensor:
-        recorded.append(mtp_loss.detach().clone())
-        return original_apply(output, mtp_loss)
-
-    monkeypatch.setattr(MTPLossAutoScaler, "apply", recording_apply)
-    return recorded
-
-
-def tracked_mtp_losses() -> torch.Tensor:
-    """Per-depth MTP losses upstream logs (``values`` up to 0.18, ``loss_values`` from 0.19)."""
-    from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
-
-    tracker = MTPLossLoggingHelper.tracker
-    values = tracker.get("loss_values", tracker.get("values"))
-    assert values is not None, f"upstream logged no MTP loss; tracker keys: {sorted(tracker)}"
-    return values.detach().clone()
-
-
-def run(model: Any, batch: Batch, *, labels: bool = True) -> torch.Tensor:
-    return model(
-        batch.input_ids,
-        batch.position_ids,
-        batch.attention_mask,
-        labels=batch.labels if labels else None,
-        loss_mask=batch.loss_mask,
-    )
-
-
-def token_loss_from_logits(model: Any, batch: Batch, logits: torch.Tensor) -> torch.Tensor:
-    """What an RL trainer would do with the returned logits: upstream's own per-token CE."""
-    return model.compute_language_model_loss(batch.labels, logits.transpose(0, 1).contiguous())
-
-
-def gradients(model: Any) -> dict[str, torch.Tensor]:
-    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-
-
-def mtp_parameters(model: Any) -> dict[str, torch.nn.Parameter]:
-    params = {n: p for n, p in model.named_parameters() if n.startswith("mtp.")}
-    assert params, "the model has no MTP parameters"
-    return params
-
-
-def outcome(call: Callable[[], torch.Tensor]) -> torch.Tensor | type[BaseException]:
-    try:
-        return call().detach()
-    except Exception as error:  # upstream itself may refuse; the patch must refuse alike
-        return type(error)
+pytestmark = pytest.mark.usefixtures("empty_mtp_tracker")
 
 
 def test_patch_reports_the_variant_for_this_release(megatron_cpu: None) -> None:
@@ -107,7 +51,6 @@ def test_patch_reports_the_variant_for_this_release(megatron_cpu: None) -> None:
 def test_forward_with_labels_returns_main_head_logits_batch_major(
     tiny_gpt: Callable[..., Any], batch: Batch, mtp_num_layers: int
 ) -> None:
-    from conftest import VOCAB_SIZE
 
     model = tiny_gpt(mtp_num_layers=mtp_num_layers)
     upstream_loss = run(model, batch).detach()
@@ -128,22 +71,7 @@ def test_attached_mtp_losses_equal_upstreams(
     calculate_per_token_loss: bool,
 ) -> None:
     model = tiny_gpt(mtp_num_layers=mtp_num_layers, calculate_per_token_loss=calculate_per_token_loss)
-    run(model, batch)
-    upstream_attached = list(attached_mtp_losses)
-    upstream_tracked = tracked_mtp_losses()
-    attached_mtp_losses.clear()
-    from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
-
-    MTPLossLoggingHelper.tracker.clear()
-
-    with patchkit.applied("megatron.mtp_postprocess"):
-        run(model, batch)
-    assert len(upstream_attached) == mtp_num_layers
-    assert len(attached_mtp_losses) == mtp_num_layers
-    for depth, (ours, theirs) in enumerate(zip(attached_mtp_losses, upstream_attached)):
-        assert ours.abs().sum() > 0, f"depth {depth + 1} attached an all-zero loss"
-        torch.testing.assert_close(ours, theirs, atol=ATOL, rtol=0, msg=f"depth {depth + 1}")
-    torch.testing.assert_close(tracked_mtp_losses(), upstream_tracked, atol=ATOL, rtol=0)
+    assert_attached_mtp_losses_match_upstream(model, batch, attached_mtp_losses, mtp_num_layers)
 
 
 @pytest.mark.parametrize("mtp_num_layers", [1, 2])
@@ -151,17 +79,7 @@ def test_trainer_loss_on_patched_logits_gives_upstreams_gradients(
     tiny_gpt: Callable[..., Any], batch: Batch, mtp_num_layers: int
 ) -> None:
     model = tiny_gpt(mtp_num_layers=mtp_num_layers)
-    (run(model, batch) * batch.loss_mask).sum().backward()
-    upstream_grads = gradients(model)
-    model.zero_grad(set_to_none=True)
-
-    with patchkit.applied("megatron.mtp_postprocess"):
-        logits = run(model, batch)
-    (token_loss_from_logits(model, batch, logits) * batch.loss_mask).sum().backward()
-    ours = gradients(model)
-    assert ours.keys() == upstream_grads.keys() == {n for n, _ in model.named_parameters()}
-    for name, grad in ours.items():
-        torch.testing.assert_close(grad, upstream_grads[name], atol=ATOL, rtol=0, msg=name)
+    assert_trainer_gradients_match_upstream(model, batch)
 
 
 @pytest.mark.parametrize("mtp_num_layers", [1, 2])
@@ -207,7 +125,6 @@ def test_labels_none_behaves_exactly_like_upstream(
 
 
 def test_eval_mode_with_labels_returns_logits_and_logs_nothing(tiny_gpt: Callable[..., Any], batch: Batch) -> None:
-    from conftest import VOCAB_SIZE
     from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
 
     model = tiny_gpt(mtp_num_layers=1).eval()
@@ -243,3 +160,72 @@ def test_detach_patch_sends_no_mtp_gradient_into_the_main_model(
     assert all(magnitude(detached[n]) == 0.0 for n in decoder), [n for n in decoder if magnitude(detached[n])]
     for name in mtp_parameters(model):
         assert magnitude(detached[name]) > 0, f"{name} stopped training under the detach patch"
+
+
+@pytest.mark.parametrize("mtp_num_layers", [1, 2])
+def test_packed_sequences_roll_mtp_labels_like_upstream(
+    tiny_gpt: Callable[..., Any], attached_mtp_losses: list[torch.Tensor], mtp_num_layers: int
+) -> None:
+    # Local attention cannot run packed (THD) sequences on CPU, so the postprocess is driven
+    # directly with decoder + MTP hidden states, as a THD forward would hand them over.
+    from megatron.core.packed_seq_params import PackedSeqParams
+    from megatron.core.transformer.multi_token_prediction import roll_tensor
+
+    model = tiny_gpt(mtp_num_layers=mtp_num_layers)
+    generator = torch.Generator().manual_seed(11)
+    cu_seqlens = torch.tensor([0, 5, 11, 16], dtype=torch.int32)
+    tokens = int(cu_seqlens[-1])
+    packed = PackedSeqParams(
+        qkv_format="thd", cu_seqlens_q=cu_seqlens, cu_seqlens_kv=cu_seqlens, max_seqlen_q=6, max_seqlen_kv=6
+    )
+    hidden = torch.randn((1 + mtp_num_layers) * tokens, 1, 64, generator=generator)
+    labels = torch.randint(0, VOCAB_SIZE, (1, tokens), generator=generator)
+    loss_mask = torch.ones(1, tokens)
+    loss_mask[0, 7] = 0.0
+
+    def attached(packed_seq_params: Any) -> list[torch.Tensor]:
+        attached_mtp_losses.clear()
+        model._postprocess(
+            hidden_states=hidden.clone(), input_ids=labels, position_ids=None, labels=labels,
+            rotary_pos_emb=None, rotary_pos_cos=None, rotary_pos_sin=None, mtp_in_postprocess=False,
+            loss_mask=loss_mask, packed_seq_params=packed_seq_params,
+        )
+        return list(attached_mtp_losses)
+
+    upstream = attached(packed)
+    with patchkit.applied("megatron.mtp_postprocess"):
+        ours = attached(packed)
+        ours_unpacked = attached(None)
+    assert len(ours) == len(upstream) == mtp_num_layers
+    for depth, (mine, theirs) in enumerate(zip(ours, upstream, strict=True)):
+        torch.testing.assert_close(mine, theirs, atol=ATOL, rtol=0, msg=f"depth {depth + 1}")
+    if "packed_seq_params" in inspect.signature(roll_tensor).parameters:
+        # Where upstream rolls per sequence, so must the patch: ignoring the packing would differ.
+        assert not all(torch.allclose(a, b) for a, b in zip(ours, ours_unpacked, strict=True))
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected_state"),
+    [({}, "skipped"), ({"PATCHKIT_ENABLE": "megatron.mtp_*"}, "applied")],
+)
+def test_apply_all_installs_both_mtp_patches_only_when_enabled(
+    megatron_cpu: None, environ: dict[str, str], expected_state: str
+) -> None:
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.transformer.multi_token_prediction import MultiTokenPredictionLayer
+    from patchkit.patches.megatron import mtp_postprocess as declaration
+
+    originals = (GPTModel.__dict__["_postprocess"], MultiTokenPredictionLayer.__dict__["_get_embeddings"])
+    engine = patchkit.Engine()
+    for patch in declaration.PATCHES:
+        engine.register(patch, "patchkit.patches.megatron")
+    try:
+        records = {record.id: record for record in engine.apply_all(environ=environ)}
+        for patch_id in ("megatron.mtp_postprocess", "megatron.mtp_detach_inputs"):
+            assert records[patch_id].state.value == expected_state
+            if expected_state == "skipped":
+                assert records[patch_id].reason.value == "opt_in"
+        assert (GPTModel.__dict__["_postprocess"] is not originals[0]) == (expected_state == "applied")
+    finally:
+        engine.revert_all()
+    assert (GPTModel.__dict__["_postprocess"], MultiTokenPredictionLayer.__dict__["_get_embeddings"]) == originals

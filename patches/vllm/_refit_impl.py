@@ -1,0 +1,271 @@
+"""patchkit's refit of recorded NVFP4 layers and of KV-cache scales (vLLM 0.12-0.33).
+
+The sequence mirrors what vLLM's own layerwise reload (``model_loader/reload``, 0.16+) does for
+one layer, done model-wide and all-or-nothing:
+
+1. ``prepare``: put fresh checkpoint-format parameters (recorded class, dims and weight loader) in
+   place of the kernel tensors, each loader wrapped to check dtypes, name the layer and parameter
+   in errors, and count the elements it writes (as vLLM's reload does with ``copy_``), so a
+   missing or short tensor is caught even where an upstream loader copies it without complaint.
+   Attention layers with a KV-cache method get their scale parameters back through the method's
+   own ``create_weights``.
+2. the caller runs ``model.load_weights`` (vLLM's loaders fill the staged parameters).
+3. ``finish``: check every staged parameter got what the original load wrote; run upstream
+   ``process_weights_after_loading`` on every staged layer; check the new kernel tensors match the
+   old ones; only then copy them into the old kernel tensors (addresses captured by CUDA graphs
+   stay valid) and put the old tensor objects back. Any failure before the copy restores every
+   layer to its previous kernel tensors.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Iterator
+
+import torch
+
+from ._refit_loaders import wrap_counting_loader
+from ._refit_state import (
+    STATE_ATTR,
+    KernelTensors,
+    LayerRefitState,
+    LoadLog,
+    Staging,
+    clear_tensors,
+    describe_tensor,
+    restore_method_state,
+    shape_text,
+)
+from .refit import RefitError
+
+logger = logging.getLogger(__name__)
+
+_KV_STAGING_ATTR = "_patchkit_kv_refit_staging"
+_KV_SCALE_NAMES = ("q_scale", "k_scale", "v_scale", "prob_scale")
+_EXACT_DTYPES = frozenset({torch.uint8, torch.int8, torch.float8_e4m3fn, torch.float8_e5m2})
+
+
+# --- prepare -------------------------------------------------------------------------------------
+
+
+def prepare(model: torch.nn.Module) -> None:
+    layers = list(_recorded_layers(model))
+    kv_layers = list(_kv_scale_layers(model))
+    _refuse_unrecorded_nvfp4_layers(model)
+    if any(state.staging is not None for _, _, state in layers) or any(
+        hasattr(layer, _KV_STAGING_ATTR) for _, layer in kv_layers
+    ):
+        raise RefitError("a refit is already prepared on this model; finish or abort it first")
+    try:
+        for name, layer, state in layers:
+            _stage_layer(name, layer, state)
+        for name, layer in kv_layers:
+            _stage_kv_scales(name, layer)
+    except BaseException:
+        abort(model)
+        raise
+    logger.debug("prepared refit of %d NVFP4 layers, %d KV-scale layers", len(layers), len(kv_layers))
+
+
+def _stage_layer(layer_name: str, layer: torch.nn.Module, state: LayerRefitState) -> None:
+    staging = Staging(params={})
+    for name, spec in state.checkpoint.items():
+        param = spec.materialize()
+        _wrap_loader(param, layer_name, name, staging.log)
+        staging.params[name] = param
+    clear_tensors(layer)
+    for name, param in staging.params.items():
+        layer.register_parameter(name, param)
+    state.staging = staging
+
+
+def _stage_kv_scales(layer_name: str, layer: torch.nn.Module) -> None:
+    log = LoadLog()
+    # The method's own create_weights re-creates the scale parameters with the sentinel value
+    # its process_weights_after_loading uses to tell "not in the checkpoint".
+    layer.quant_method.create_weights(layer)
+    for name in _KV_SCALE_NAMES:
+        param = getattr(layer, name, None)
+        if isinstance(param, torch.Tensor):
+            _wrap_loader(param, layer_name, name, log)
+    object.__setattr__(layer, _KV_STAGING_ATTR, log)
+
+
+def _wrap_loader(param: torch.nn.Parameter, layer_name: str, name: str, log: LoadLog) -> None:
+    def error(target: torch.Tensor, loaded_weight: torch.Tensor, exc: Exception) -> RefitError:
+        return RefitError(
+            f"refit of layer {layer_name!r}: parameter {name!r} is {describe_tensor(target)}"
+            f" but the refit tensor is {describe_tensor(loaded_weight)} ({exc})",
+            layer=layer_name,
+            parameter=name,
+            expected=describe_tensor(target),
+            got=describe_tensor(loaded_weight),
+        )
+
+    wrap_counting_loader(
+        param,
+        name,
+        log,
+        check=functools.partial(_check_dtype, layer_name, name),
+        on_error=error,
+    )
+
+
+def _check_dtype(layer_name: str, name: str, target: torch.Tensor, loaded_weight: torch.Tensor) -> None:
+    # A copy_ into uint8/fp8 storage would silently cast floats; scales may arrive in any float.
+    exact = target.dtype in _EXACT_DTYPES
+    ok = loaded_weight.dtype == target.dtype if exact else loaded_weight.is_floating_point()
+    if not ok:
+        raise RefitError(
+            f"refit of layer {layer_name!r}: parameter {name!r} is {describe_tensor(target)}"
+            f" but the refit tensor is {describe_tensor(loaded_weight)} (dtype must be"
+            f" {target.dtype if exact else 'a floating type'})",
+            layer=layer_name,
+            parameter=name,
+            expected=describe_tensor(target),
+            got=describe_tensor(loaded_weight),
+        )
+
+
+# --- finish --------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def finish(model: torch.nn.Module) -> None:
+    layers = [entry for entry in _recorded_layers(model) if entry[2].staging is not None]
+    kv_layers = [(name, layer) for name, layer in _kv_scale_layers(model) if hasattr(layer, _KV_STAGING_ATTR)]
+    try:
+        _check_all_loaded(layers)
+        processed = [(name, layer, state, _process(name, layer, state)) for name, layer, state in layers]
+    except BaseException:
+        abort(model)
+        raise
+    for _, layer, state, fresh in processed:
+        _commit(layer, state, fresh)
+    for _, layer in kv_layers:
+        _commit_kv_scales(layer)
+    logger.debug("refit committed on %d NVFP4 layers, %d KV-scale layers", len(layers), len(kv_layers))
+
+
+def _check_all_loaded(layers: list[tuple[str, torch.nn.Module, LayerRefitState]]) -> None:
+    """Each parameter must receive at least as many elements as the model's original load wrote."""
+    for layer_name, _, state in layers:
+        assert state.staging is not None
+        log = state.staging.log
+        for name, spec in state.checkpoint.items():
+            copied = log.copied.get(name, 0)
+            if copied >= spec.required:
+                continue
+            seen = ", ".join(shape_text(s) for s in log.shapes.get(name, []))
+            got = f"{copied} of {spec.required} elements" + (f" from refit tensors of shape {seen}" if seen else "")
+            raise RefitError(
+                f"refit of layer {layer_name!r}: parameter {name!r} ({spec.describe()}) was not"
+                f" loaded in full: {got}",
+                layer=layer_name,
+                parameter=name,
+                expected=spec.describe(),
+                got=got if copied else "missing",
+            )
+
+
+def _process(layer_name: str, layer: torch.nn.Module, state: LayerRefitState) -> KernelTensors:
+    """Run upstream processing on the staged parameters; return the new kernel tensors."""
+    method = layer.quant_method
+    try:
+        method.process_weights_after_loading(layer)
+    except Exception as exc:
+        raise RefitError(
+            f"refit of layer {layer_name!r}: upstream process_weights_after_loading failed: {exc}",
+            layer=layer_name,
+        ) from exc
+    fresh = KernelTensors.of(layer)
+    for name, old in state.kernel.items():
+        new = fresh.get(name)
+        if new is None or new.shape != old.shape or new.dtype != old.dtype:
+            raise RefitError(
+                f"refit of layer {layer_name!r}: kernel tensor {name!r} is {describe_tensor(old)}"
+                f" but processing produced {'nothing' if new is None else describe_tensor(new)}",
+                layer=layer_name,
+                parameter=name,
+                expected=describe_tensor(old),
+                got="missing" if new is None else describe_tensor(new),
+            )
+    # Put the serving tensors back now; the copy waits until every layer has processed.
+    state.kernel.place_on(layer)
+    restore_method_state(method, state.method_state)
+    return fresh
+
+
+@torch.no_grad()
+def _commit(layer: torch.nn.Module, state: LayerRefitState, fresh: KernelTensors) -> None:
+    for name, old in state.kernel.items():
+        new = fresh.get(name)
+        if new is not None and new is not old:
+            old.data.copy_(new)
+    state.staging = None
+
+
+def _commit_kv_scales(layer: torch.nn.Module) -> None:
+    log: LoadLog = object.__getattribute__(layer, _KV_STAGING_ATTR)
+    object.__delattr__(layer, _KV_STAGING_ATTR)
+    if log.loaded():
+        # Upstream copies into the _k_scale/_v_scale/... buffers in place and deletes the params.
+        layer.quant_method.process_weights_after_loading(layer)
+    else:
+        # No scales in this refit: keep the ones in use (processing would reset them to 1.0).
+        _drop_kv_scale_params(layer)
+
+
+# --- abort ---------------------------------------------------------------------------------------
+
+
+def abort(model: torch.nn.Module) -> None:
+    for _, layer, state in _recorded_layers(model):
+        if state.staging is not None:
+            state.kernel.place_on(layer)
+            restore_method_state(layer.quant_method, state.method_state)
+            state.staging = None
+    for _, layer in _kv_scale_layers(model):
+        if hasattr(layer, _KV_STAGING_ATTR):
+            object.__delattr__(layer, _KV_STAGING_ATTR)
+            _drop_kv_scale_params(layer)
+
+
+# --- model walking -------------------------------------------------------------------------------
+
+
+def _recorded_layers(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module, LayerRefitState]]:
+    for name, module in model.named_modules():
+        state = module.__dict__.get(STATE_ATTR)
+        if state is not None:
+            yield name, module, state
+
+
+def _kv_scale_layers(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module]]:
+    from vllm.model_executor.layers.quantization.kv_cache import BaseKVCacheMethod
+
+    for name, module in model.named_modules():
+        if isinstance(getattr(module, "quant_method", None), BaseKVCacheMethod):
+            yield name, module
+
+
+def _refuse_unrecorded_nvfp4_layers(model: torch.nn.Module) -> None:
+    from ._nvfp4_targets import nvfp4_method_classes
+
+    classes = nvfp4_method_classes()
+    for name, module in model.named_modules():
+        method = getattr(module, "quant_method", None)
+        if isinstance(method, classes) and STATE_ATTR not in module.__dict__:
+            raise RefitError(
+                f"layer {name!r} ({type(method).__name__}) was processed before patchkit recorded"
+                " it; apply patchkit (patchkit.apply_all(), or the vLLM plugin) before the model"
+                " is loaded",
+                layer=name,
+            )
+
+
+def _drop_kv_scale_params(layer: torch.nn.Module) -> None:
+    for name in _KV_SCALE_NAMES:
+        if name in layer._parameters:
+            del layer._parameters[name]

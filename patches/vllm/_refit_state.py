@@ -1,0 +1,189 @@
+"""What patchkit remembers about one quantized vLLM layer so it can be refitted.
+
+Recorded by ``_nvfp4_refit_record`` around the layer's first ``process_weights_after_loading``:
+the checkpoint-format parameters as ``create_weights`` made them (vLLM parameter class, shape,
+dtype, and the attribute dict that carries ``weight_loader``/``_input_dim``/``_output_dim``), and
+the kernel-format tensors that processing produced. The state lives on the layer itself (not in a
+global map), so it is freed with the layer even though weight loaders are bound to it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+STATE_ATTR = "_patchkit_refit_state"
+FIRST_LOAD_ATTR = "_patchkit_first_load"
+
+# Loaded in place by the layer's own loader and never touched by the NVFP4 processing.
+UNPROCESSED_PARAMS = frozenset({"bias"})
+
+# Method attributes holding plain values are recomputed by each processing; objects (kernels,
+# quant configs) keep their identity because captured CUDA graphs reference them.
+_SCALAR_TYPES = (bool, int, float, str, type(None), torch.dtype)
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """A checkpoint-format parameter, enough to build an equivalent empty one."""
+
+    name: str
+    cls: type
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+    attrs: dict[str, Any]
+    #: elements the model's original load wrote; None when that load was not observed
+    first_copied: int | None = None
+
+    @classmethod
+    def of(cls, name: str, param: torch.nn.Parameter, first_copied: int | None = None) -> ParamSpec:
+        return cls(
+            name=name,
+            cls=type(param),
+            shape=tuple(param.shape),
+            stride=tuple(param.stride()),
+            dtype=param.dtype,
+            device=param.device,
+            attrs=dict(param.__dict__),
+            first_copied=first_copied,
+        )
+
+    @property
+    def required(self) -> int:
+        """Elements a refit must write: what the original load wrote (a W4A16 checkpoint, say,
+        leaves the ``input_scale`` placeholder unloaded), else the whole parameter."""
+        return math.prod(self.shape) if self.first_copied is None else self.first_copied
+
+    def materialize(self) -> torch.nn.Parameter:
+        """A new, uninitialised parameter of the recorded vLLM class with the recorded loader."""
+        data = torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device=self.device)
+        param = torch.nn.Parameter(data, requires_grad=False)
+        # vLLM parameter constructors need loader and dims as arguments whose names differ per
+        # class; restoring class and attribute dict reproduces what create_weights built.
+        param.__class__ = self.cls
+        param.__dict__.update(self.attrs)
+        return param
+
+    def describe(self) -> str:
+        return f"{shape_text(self.shape)} {self.dtype}"
+
+
+@dataclass
+class KernelTensors:
+    """The layer's tensors after processing, by kind, so they can be put back as they were."""
+
+    params: dict[str, torch.nn.Parameter]
+    buffers: dict[str, torch.Tensor]
+    non_persistent: frozenset[str]
+    attrs: dict[str, torch.Tensor]
+
+    @classmethod
+    def of(cls, layer: torch.nn.Module) -> KernelTensors:
+        return cls(
+            params={n: p for n, p in layer._parameters.items() if p is not None},
+            buffers={n: b for n, b in layer._buffers.items() if b is not None},
+            non_persistent=frozenset(layer._non_persistent_buffers_set),
+            attrs={
+                n: v
+                for n, v in vars(layer).items()
+                if isinstance(v, torch.Tensor) and not n.startswith("_patchkit")
+            },
+        )
+
+    def names(self) -> set[str]:
+        return set(self.params) | set(self.buffers) | set(self.attrs)
+
+    def items(self) -> list[tuple[str, torch.Tensor]]:
+        return [*self.params.items(), *self.buffers.items(), *self.attrs.items()]
+
+    def get(self, name: str) -> torch.Tensor | None:
+        for group in (self.params, self.buffers, self.attrs):
+            if name in group:
+                return group[name]
+        return None
+
+    def place_on(self, layer: torch.nn.Module) -> None:
+        """Make exactly these tensors the layer's tensors."""
+        clear_tensors(layer)
+        for name, param in self.params.items():
+            layer.register_parameter(name, param)
+        for name, buffer in self.buffers.items():
+            layer.register_buffer(name, buffer, persistent=name not in self.non_persistent)
+        for name, tensor in self.attrs.items():
+            object.__setattr__(layer, name, tensor)
+
+
+@dataclass
+class LoadLog:
+    """What the weight loaders wrote during one refit, per parameter name."""
+
+    copied: dict[str, int] = field(default_factory=dict)  #: elements written (capped at numel)
+    shapes: dict[str, list[tuple[int, ...]]] = field(default_factory=dict)  #: refit tensors seen
+
+    def record(self, name: str, numel_copied: int, capacity: int, shape: tuple[int, ...]) -> None:
+        self.copied[name] = min(capacity, self.copied.get(name, 0) + numel_copied)
+        seen = self.shapes.setdefault(name, [])
+        if shape not in seen:
+            seen.append(shape)
+
+    def loaded(self) -> set[str]:
+        return {name for name, count in self.copied.items() if count > 0}
+
+
+@dataclass
+class Staging:
+    """One refit in progress on a layer."""
+
+    params: dict[str, torch.nn.Parameter]
+    log: LoadLog = field(default_factory=LoadLog)
+
+
+@dataclass
+class LayerRefitState:
+    checkpoint: dict[str, ParamSpec]
+    kernel: KernelTensors
+    method_state: dict[str, Any]
+    staging: Staging | None = None
+
+
+def capture_checkpoint_specs(layer: torch.nn.Module, first_load: LoadLog | None) -> dict[str, ParamSpec]:
+    return {
+        name: ParamSpec.of(name, param, None if first_load is None else first_load.copied.get(name, 0))
+        for name, param in layer._parameters.items()
+        if param is not None and name not in UNPROCESSED_PARAMS
+    }
+
+
+def capture_method_state(method: Any) -> dict[str, Any]:
+    return {k: v for k, v in vars(method).items() if not isinstance(v, _SCALAR_TYPES)}
+
+
+def restore_method_state(method: Any, saved: dict[str, Any]) -> None:
+    for name, value in saved.items():
+        setattr(method, name, value)
+
+
+def clear_tensors(layer: torch.nn.Module, keep: frozenset[str] = UNPROCESSED_PARAMS) -> None:
+    """Remove every parameter, buffer and plain tensor attribute except ``keep``."""
+    for name in [n for n in layer._parameters if n not in keep]:
+        del layer._parameters[name]
+    for name in [n for n in layer._buffers if n not in keep]:
+        del layer._buffers[name]
+        layer._non_persistent_buffers_set.discard(name)
+    for name in [
+        n for n, v in vars(layer).items() if isinstance(v, torch.Tensor) and n not in keep
+    ]:
+        object.__delattr__(layer, name)
+
+
+def shape_text(shape: tuple[int, ...] | torch.Size) -> str:
+    return str(tuple(shape))
+
+
+def describe_tensor(tensor: torch.Tensor) -> str:
+    return f"{shape_text(tuple(tensor.shape))} {tensor.dtype}"

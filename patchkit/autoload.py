@@ -1,0 +1,245 @@
+"""Applying patches at interpreter start, so every process of a job has them.
+
+The wheel ships ``zz_patchkit_autoload.pth`` (see setup.py): ``site`` runs its one line at every
+interpreter start, and it calls :func:`run_at_startup` only when ``PATCHKIT_AUTOLOAD`` is in the
+environment. Processes a job starts (``multiprocessing`` spawn children, torchrun ranks, Ray
+workers, vLLM engine-core processes) inherit that variable and so apply the same patches before any
+user code runs.
+
+Start-up must never break: every failure is logged and kept in :func:`outcome` (the manifest
+carries it to the consistency check). Only ``PATCHKIT_STRICT=1`` turns a failure into an exit, with
+status :data:`STRICT_EXIT_STATUS`, before the user's program starts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from . import catalogue, settings
+from .errors import ConfigError, DeclarationError, PatchkitError
+from .status import Reason, State
+
+logger = logging.getLogger(__name__)
+
+#: Exit status of an interpreter whose strict autoload failed.
+STRICT_EXIT_STATUS = 3
+
+#: Set while autoload runs, to the pid running it. A Python process spawned during autoload (by a
+#: declaration module, say) sees it and skips autoload, so start-up cannot recurse into itself.
+ACTIVE_MARKER = "PATCHKIT_AUTOLOAD_ACTIVE"
+
+_lock = threading.Lock()
+_outcome: "Outcome | None" = None
+
+
+class AutoloadError(PatchkitError):
+    """Strict autoload met a problem before applying anything (an unusable extra-patches module)."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = tuple(problems)
+        super().__init__("; ".join(self.problems))
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What autoload did in this process; JSON-serialisable through :meth:`to_dict`."""
+
+    ran: bool
+    #: Why autoload did not run, when it did not.
+    skipped: str = ""
+    extra_modules: tuple[str, ...] = ()
+    problems: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ran": self.ran, "skipped": self.skipped, "extra_modules": list(self.extra_modules),
+                "problems": list(self.problems)}
+
+
+def outcome() -> Outcome | None:
+    """What autoload did in this process, or None if it was never asked to run."""
+    return _outcome
+
+
+def requested(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``PATCHKIT_AUTOLOAD`` asks for autoload. Raises ``ConfigError`` if malformed."""
+    env = os.environ if environ is None else environ
+    return settings.parse_bool(settings.AUTOLOAD, env.get(settings.AUTOLOAD, ""))
+
+
+def register_extra_patches(environ: Mapping[str, str] | None = None) -> tuple[tuple[str, ...], list[str]]:
+    """Register the patches of the modules named in ``PATCHKIT_EXTRA_PATCHES`` with the engine.
+
+    Each module is imported and its ``PATCHES`` registered, relative references resolving against
+    the module's package, as for the catalogue. A module that fails is reported and skipped; the
+    others still register. Returns the module names and the problems met.
+    """
+    from . import engine as default_engine  # the function: it shadows the module of that name
+
+    env = os.environ if environ is None else environ
+    modules = settings.parse_modules(settings.EXTRA_PATCHES, env.get(settings.EXTRA_PATCHES, ""))
+    problems = []
+    eng = default_engine()
+    for name in modules:
+        try:
+            patches = catalogue.declarations(name)  # all valid, or none registered
+            known = set(eng.ids())
+            clashes = [p.id for p in patches if p.id in known and eng.patch(p.id) != p]
+            if clashes:
+                raise DeclarationError(f"{name} declares patch ids already registered: {', '.join(clashes)}")
+            for patch in patches:
+                if patch.id not in known:  # else the same declaration, registered by an earlier call
+                    eng.register(patch, name.rpartition(".")[0] or None)
+        except Exception as exc:  # one broken module must not keep the others out
+            problems.append(f"{settings.EXTRA_PATCHES}: cannot register patches from {name}: {exc!r}")
+    return modules, problems
+
+
+def load(environ: Mapping[str, str] | None = None, *, strict: bool | None = None) -> Outcome:
+    """Do what autoload does, whatever ``PATCHKIT_AUTOLOAD`` says: register the extra patches and
+    ``apply_all()``. Idempotent. In strict mode (argument, else ``PATCHKIT_STRICT``) a problem
+    raises (``AutoloadError``, or the engine's own typed error); otherwise it is in the outcome.
+    """
+    global _outcome
+    from . import engine as default_engine  # the function: it shadows the module of that name
+
+    with _lock:
+        if _outcome is not None and _outcome.ran:
+            return _outcome
+        modules: tuple[str, ...] = ()
+        try:
+            modules, problems = register_extra_patches(environ)
+        except ConfigError as exc:
+            problems = [str(exc)]
+        if problems and _strict(environ, strict):
+            _outcome = Outcome(ran=False, skipped="strict mode: extra patches unusable", problems=tuple(problems))
+            raise AutoloadError(problems)
+        try:
+            records = default_engine().apply_all(environ=environ, strict=strict)
+        except Exception as exc:  # strict mode raised: keep it in the outcome, then let it go on
+            _outcome = Outcome(ran=True, extra_modules=modules, problems=tuple(problems + [repr(exc)]))
+            raise
+        problems += [_describe_problem(record) for record in records
+                     if record.state is State.FAILED or record.reason is Reason.CONFIG_ERROR]
+        _outcome = Outcome(ran=True, extra_modules=modules, problems=tuple(dict.fromkeys(problems)))
+        return _outcome
+
+
+def _describe_problem(record: Any) -> str:
+    if record.reason is Reason.CONFIG_ERROR:
+        return str(record.detail)  # the same for every patch: reported once
+    return f"{record.id}: {record.state.value}" + (f" ({record.reason.value})" if record.reason else "") + \
+        f": {record.error or record.detail}"
+
+
+def _strict(environ: Mapping[str, str] | None, explicit: bool | None) -> bool:
+    if explicit is not None:
+        return explicit
+    env = os.environ if environ is None else environ
+    try:
+        return settings.parse_bool(settings.STRICT, env.get(settings.STRICT, ""))
+    except ConfigError:
+        return False  # the engine reports the malformed value itself
+
+
+def run_at_startup() -> None:
+    """The ``.pth`` hook's entry point. Never raises; in strict mode, a failure ends the process.
+
+    Runs at most once per process (``site`` may read the same ``.pth`` twice, e.g. through a
+    ``lib64`` symlink), and not at all in a process spawned while another one autoloads.
+    """
+    global _outcome
+    if _outcome is not None:
+        return
+    marker = os.environ.get(ACTIVE_MARKER)
+    if marker is not None and marker != str(os.getpid()):
+        # Spawned during the parent's autoload: skip, and let this process's own children autoload.
+        del os.environ[ACTIVE_MARKER]
+        _outcome = Outcome(ran=False, skipped=f"spawned while process {marker} was autoloading")
+        return
+    handler = _startup_handler()
+    os.environ[ACTIVE_MARKER] = str(os.getpid())
+    try:
+        try:
+            on = requested()
+        except ConfigError as exc:
+            _outcome = Outcome(ran=False, skipped="PATCHKIT_AUTOLOAD is malformed", problems=(str(exc),))
+            _report(_outcome, strict=_strict(None, None))
+            return
+        if not on:
+            _outcome = Outcome(ran=False, skipped=f"{settings.AUTOLOAD} is off")
+            return
+        try:
+            load()
+        except Exception as exc:  # strict mode: load() kept the failure in the outcome
+            if _outcome is None:
+                _outcome = Outcome(ran=False, problems=(repr(exc),))
+        assert _outcome is not None
+        _report(_outcome, strict=_strict(None, None))
+        _write_manifests(os.environ.get(settings.MANIFEST_DIR, ""))
+    except Exception:  # a bug here must still not stop the interpreter
+        logger.exception("patchkit: autoload failed")
+    finally:
+        if os.environ.get(ACTIVE_MARKER) == str(os.getpid()):
+            del os.environ[ACTIVE_MARKER]
+        if handler is not None:
+            logging.getLogger("patchkit").removeHandler(handler)
+
+
+def _write_manifests(folder: str) -> None:
+    """With ``PATCHKIT_MANIFEST_DIR`` set, write this process's manifest there now and again at exit.
+
+    Now, because a process killed by its launcher runs no exit handler; at exit, because patches
+    pending now install when their upstream is imported later.
+    """
+    if not folder.strip():
+        return
+    import atexit
+    import socket
+
+    from .manifest import collect
+
+    path = os.path.join(folder, f"{socket.gethostname()}-{os.getpid()}.json")
+
+    def write() -> None:
+        try:
+            collect().write(path)
+        except Exception as exc:  # a full disk must not fail the user's process
+            logger.error("patchkit: cannot write the manifest to %s (%s): %r", path, settings.MANIFEST_DIR, exc)
+
+    write()
+    atexit.register(write)
+
+
+def _report(result: Outcome, strict: bool) -> None:
+    if result.problems:
+        logger.error("patchkit: autoload: %d problem(s) in process %d: %s", len(result.problems), os.getpid(),
+                     "; ".join(result.problems))
+    if result.problems and strict:
+        logger.critical("patchkit: autoload failed in strict mode (%s=1); exiting with status %d",
+                        settings.STRICT, STRICT_EXIT_STATUS)
+        sys.stderr.flush()
+        # SystemExit inside site's .pth processing is a fatal interpreter error with a confusing
+        # traceback; nothing of the user's program has run yet, so there is nothing to clean up.
+        os._exit(STRICT_EXIT_STATUS)
+
+
+def _startup_handler() -> logging.Handler | None:
+    """A stderr handler for the duration of autoload, when nothing else would show its records.
+
+    At interpreter start no program has configured logging yet, and the ``patchkit`` logger's
+    NullHandler would swallow a failure that makes this process differ from the others.
+    """
+    root = logging.getLogger()
+    ours = logging.getLogger("patchkit")
+    if root.handlers or any(not isinstance(h, logging.NullHandler) for h in ours.handlers):
+        return None
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    handler.setLevel(logging.WARNING)
+    ours.addHandler(handler)
+    return handler

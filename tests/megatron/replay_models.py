@@ -1,0 +1,125 @@
+"""Tiny MoE GPT models and helpers shared by the router replay tests (real megatron-core)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from patchkit.patches.megatron import router_replay_api as replay
+
+VOCAB_SIZE = 128
+NUM_EXPERTS = 8
+TOPK = 2
+
+
+def build_tiny_moe(max_sequence_length: int = 32, seed: int = 0, **overrides: Any):
+    """2-layer, hidden-64 GPT whose MLPs are 8-expert top-2 MoE layers with replay enabled.
+
+    Sigmoid scores with an expert bias: the bias changes which experts are selected but not the
+    probabilities of the selected ones, so a replay after changing the bias must reproduce the
+    recorded pass bit for bit. ``add_bias_linear=False``: the local expert MLPs need it on CPU.
+    """
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    kwargs: dict[str, Any] = dict(
+        num_layers=2,
+        hidden_size=64,
+        ffn_hidden_size=32,
+        num_attention_heads=4,
+        use_cpu_initialization=True,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        params_dtype=torch.float32,
+        add_bias_linear=False,
+        num_moe_experts=NUM_EXPERTS,
+        moe_router_topk=TOPK,
+        moe_token_dispatcher_type="alltoall",
+        moe_router_score_function="sigmoid",
+        moe_router_enable_expert_bias=True,
+    )
+    kwargs.update(overrides)
+    config = TransformerConfig(**kwargs)
+    replay.enable(config)
+    torch.manual_seed(seed)
+    return GPTModel(
+        config=config,
+        transformer_layer_spec=get_gpt_layer_local_spec(num_experts=NUM_EXPERTS, moe_grouped_gemm=False),
+        vocab_size=VOCAB_SIZE,
+        max_sequence_length=max_sequence_length,
+    )
+
+
+def routers(model) -> list:
+    from megatron.core.transformer.moe.router import TopKRouter
+
+    return [m for m in model.modules() if isinstance(m, TopKRouter)]
+
+
+def dispatchers(model) -> list:
+    """Each MoE layer's all-to-all dispatcher (a plain object on the layer, not a submodule)."""
+    from megatron.core.transformer.moe.moe_layer import MoELayer
+    from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
+
+    found = [m.token_dispatcher for m in model.modules() if isinstance(m, MoELayer)]
+    assert found and all(isinstance(d, MoEAlltoAllTokenDispatcher) for d in found)
+    return found
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    labels: torch.Tensor
+
+
+def causal_batch(batch_size: int = 2, seq_len: int = 16, seed: int = 7) -> Batch:
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, VOCAB_SIZE, (batch_size, seq_len + 1), generator=generator)
+    return Batch(
+        input_ids=tokens[:, :-1].contiguous(),
+        position_ids=torch.arange(seq_len).expand(batch_size, seq_len).contiguous(),
+        attention_mask=torch.ones(seq_len, seq_len, dtype=torch.bool).triu(1).view(1, 1, seq_len, seq_len),
+        labels=tokens[:, 1:].contiguous(),
+    )
+
+
+class RoutingCapture:
+    """Keeps every router's routing map (and probs) from each forward, in layer order."""
+
+    def __init__(self, model) -> None:
+        self.maps: list[torch.Tensor] = []
+        self.probs: list[torch.Tensor] = []
+        self._handles = [r.register_forward_hook(self._hook) for r in routers(model)]
+
+    def _hook(self, module, inputs, output) -> None:
+        probs, routing_map = output
+        self.maps.append(routing_map.detach().clone())
+        self.probs.append(probs.detach().clone())
+
+    def take(self) -> list[torch.Tensor]:
+        """The routing maps of the one forward since the last take (probs stay in ``last_probs``)."""
+        assert len(self.maps) == len(self._handles), "expected one routing map per router"
+        maps, self.last_probs = self.maps, self.probs
+        self.maps, self.probs = [], []
+        return maps
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
+def forward_loss(model, batch: Batch) -> torch.Tensor:
+    """Per-token LM loss, [batch, seq] (upstream's own cross-entropy)."""
+    return model(batch.input_ids, batch.position_ids, batch.attention_mask, labels=batch.labels)
+
+
+def shift_expert_bias(model, seed: int = 3, scale: float = 2.0) -> None:
+    """Change which experts every router selects without changing the selected experts' probs."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for router in routers(model):
+            router.expert_bias.add_(torch.randn(router.expert_bias.shape, generator=generator) * scale)

@@ -1,0 +1,88 @@
+"""The key MTP postprocess checks on a CUDA GPU: same tiny model, no CPU harness, NCCL world of one.
+
+Run on a GPU machine with ``-m gpu``; skipped cleanly elsewhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from mtp_checks import (
+    assert_attached_mtp_losses_match_upstream,
+    assert_trainer_gradients_match_upstream,
+    run,
+)
+from tiny_gpt import VOCAB_SIZE, Batch, build_tiny_gpt, make_batch
+
+import patchkit
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("empty_mtp_tracker")]
+
+
+@pytest.fixture
+def megatron_gpu() -> Iterator[None]:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from cpu_harness import free_port
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    torch.cuda.set_device(0)
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = str(free_port())
+    torch.distributed.init_process_group(backend="nccl", rank=0, world_size=1)
+    parallel_state.initialize_model_parallel()
+    model_parallel_cuda_manual_seed(1234)
+    try:
+        yield
+    finally:
+        parallel_state.destroy_model_parallel()
+        torch.distributed.destroy_process_group()
+
+
+def cuda_batch() -> Batch:
+    batch = make_batch()
+    return Batch(**{f.name: getattr(batch, f.name).cuda() for f in dataclasses.fields(Batch)})
+
+
+def cuda_model(mtp_num_layers: int, **overrides: Any) -> Any:
+    return build_tiny_gpt(mtp_num_layers=mtp_num_layers, **overrides).cuda()
+
+
+@pytest.mark.parametrize("calculate_per_token_loss", [False, True])
+@pytest.mark.parametrize("mtp_num_layers", [1, 2])
+def test_gpu_attached_mtp_losses_equal_upstreams_and_logits_are_batch_major(
+    megatron_gpu: None,
+    attached_mtp_losses: list[torch.Tensor],
+    mtp_num_layers: int,
+    calculate_per_token_loss: bool,
+) -> None:
+    model = cuda_model(mtp_num_layers, calculate_per_token_loss=calculate_per_token_loss)
+    batch = cuda_batch()
+    assert_attached_mtp_losses_match_upstream(model, batch, attached_mtp_losses, mtp_num_layers)
+    with patchkit.applied("megatron.mtp_postprocess"):
+        logits = run(model, batch)
+    assert logits.is_cuda and logits.shape == (*batch.labels.shape, VOCAB_SIZE)
+
+
+@pytest.mark.parametrize("mtp_num_layers", [1, 2])
+def test_gpu_trainer_loss_on_patched_logits_gives_upstreams_gradients(
+    megatron_gpu: None, mtp_num_layers: int
+) -> None:
+    assert_trainer_gradients_match_upstream(cuda_model(mtp_num_layers), cuda_batch())
+
+
+def test_gpu_detach_patch_sends_no_mtp_gradient_into_the_embedding(megatron_gpu: None) -> None:
+    model = cuda_model(1)
+    batch = cuda_batch()
+    with patchkit.applied("megatron.mtp_postprocess", "megatron.mtp_detach_inputs"):
+        (run(model, batch) * 0.0).sum().backward()
+    embedding_grad = model.embedding.word_embeddings.weight.grad
+    assert embedding_grad is None or float(embedding_grad.abs().sum()) == 0.0
+    mtp_grads = [p.grad for n, p in model.named_parameters() if n.startswith("mtp.")]
+    assert mtp_grads and all(g is not None and float(g.abs().sum()) > 0 for g in mtp_grads)

@@ -1,0 +1,167 @@
+"""Router replay and THD packing on a CUDA GPU: no CPU harness, an NCCL world of one.
+
+Run on a GPU machine with ``-m gpu``; skipped cleanly elsewhere. Besides the CPU checks on CUDA
+tensors, this is where "at most one host sync" is measured: CUDA's sync debug mode warns on every
+synchronizing call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from collections.abc import Iterator
+
+import pytest
+import torch
+from patchkit.patches.megatron import router_replay_api as replay
+from replay_models import TOPK, Batch, RoutingCapture, build_tiny_moe, causal_batch, forward_loss, shift_expert_bias
+
+import patchkit
+
+pytestmark = pytest.mark.gpu
+
+PATCH_IDS = (
+    "megatron.router_replay",
+    "megatron.router_replay_validation",
+    "megatron.moe_alltoall_replay_token_count",
+)
+
+
+@pytest.fixture
+def cuda() -> torch.device:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    torch.cuda.set_device(0)
+    return torch.device("cuda", 0)
+
+
+@pytest.fixture
+def moe_replay_gpu(cuda: torch.device) -> Iterator[torch.device]:
+    from cpu_harness import _free_port
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = str(_free_port())
+    torch.distributed.init_process_group(backend="nccl", rank=0, world_size=1)
+    parallel_state.initialize_model_parallel()
+    model_parallel_cuda_manual_seed(1234)
+    try:
+        with patchkit.applied(*PATCH_IDS):
+            replay.reset()
+            yield cuda
+            replay.reset()
+    finally:
+        parallel_state.destroy_model_parallel()
+        torch.distributed.destroy_process_group()
+
+
+def _on(batch: Batch, device: torch.device) -> Batch:
+    return Batch(**{f.name: getattr(batch, f.name).to(device) for f in dataclasses.fields(Batch)})
+
+
+def _count_syncs(fn):
+    """Run ``fn`` with CUDA's sync debug mode on; return its result and the syncs it made."""
+    torch.cuda.synchronize()
+    previous = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            result = fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+    syncs = [w for w in caught if "synchronizing" in str(w.message)]
+    return result, len(syncs)
+
+
+@pytest.mark.parametrize(("tp", "cp", "fp8"), [(1, 1, True), (2, 1, False), (4, 2, True)])
+def test_gpu_layout_syncs_once_and_pack_unpack_never(cuda, tp, cp, fp8):
+    generator = torch.Generator().manual_seed(tp + cp)
+    lengths = torch.randint(1, 300, (16,), generator=generator)
+    mask = (torch.arange(320) < lengths.unsqueeze(1)).to(cuda)
+    per_sample = torch.randint(0, 64, (16, 320, 4, TOPK), generator=generator).to(cuda)
+
+    layout, layout_syncs = _count_syncs(
+        lambda: replay.thd_layout(mask, tp_size=tp, cp_size=cp, fp8_padding=fp8)
+    )
+    ranks, pack_syncs = _count_syncs(
+        lambda: [replay.pack(per_sample, layout, cp_rank=r) for r in range(cp)]
+    )
+    back, unpack_syncs = _count_syncs(lambda: replay.unpack(ranks, layout))
+    assert layout_syncs <= 1 and pack_syncs == 0 and unpack_syncs == 0
+
+    cpu_layout = replay.thd_layout(mask.cpu(), tp_size=tp, cp_size=cp, fp8_padding=fp8)
+    for rank, packed in enumerate(ranks):
+        assert torch.equal(packed.cpu(), replay.pack(per_sample.cpu(), cpu_layout, cp_rank=rank))
+    assert torch.equal(back.cpu()[mask.cpu()], per_sample.cpu()[mask.cpu()])
+
+
+def test_gpu_replay_reproduces_recorded_routing_and_loss(moe_replay_gpu):
+    device = moe_replay_gpu
+    model = build_tiny_moe().to(device)
+    batch = _on(causal_batch(), device)
+    capture = RoutingCapture(model)
+
+    replay.set_action("record")
+    loss_recorded = forward_loss(model, batch)
+    maps_recorded = capture.take()
+    recorded = [t.clone() for t in replay.recorded()]
+
+    shift_expert_bias(model)
+    replay.set_action(None)
+    loss_fresh = forward_loss(model, batch)
+    assert any(not torch.equal(a, b) for a, b in zip(capture.take(), maps_recorded, strict=True))
+    assert not torch.equal(loss_fresh, loss_recorded)
+
+    replay.set_targets(recorded)
+    replay.set_action("replay_forward")
+    loss_replayed = forward_loss(model, batch)
+    for replayed_map, recorded_map in zip(capture.take(), maps_recorded, strict=True):
+        assert torch.equal(replayed_map, recorded_map)
+    assert torch.equal(loss_replayed, loss_recorded)
+
+
+def test_gpu_backward_replay_consumes_each_target_once(moe_replay_gpu):
+    device = moe_replay_gpu
+    model = build_tiny_moe(
+        recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1
+    ).to(device)
+    batch = _on(causal_batch(seed=21), device)
+    replay.set_action("record")
+    forward_loss(model, batch).sum().backward()
+    reference = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    targets = [t.clone() for t in replay.recorded()]
+
+    shift_expert_bias(model)
+    model.zero_grad(set_to_none=True)
+    replay.set_targets(targets)
+    replay.set_action("replay_forward")
+    loss = forward_loss(model, batch).sum()
+    replay.set_action("replay_backward")
+    loss.backward()
+    assert replay.pending_backward() == [0, 0]
+    got = [p.grad for p in model.parameters() if p.grad is not None]
+    for a, b in zip(got, reference, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_gpu_mismatched_target_raises_naming_both_counts(moe_replay_gpu):
+    device = moe_replay_gpu
+    model = build_tiny_moe().to(device)
+    batch = _on(causal_batch(), device)
+    replay.set_targets([torch.zeros(31, TOPK, dtype=torch.long, device=device)] * 2)
+    replay.set_action("replay_forward")
+    with pytest.raises(replay.ReplayIndexMismatchError, match="MoE layer 0.*sees 32 tokens.*has 31"):
+        forward_loss(model, batch)
+
+
+def test_gpu_duplicate_replay_routes_with_an_exact_token_count(moe_replay_gpu):
+    device = moe_replay_gpu
+    model = build_tiny_moe().to(device)
+    duplicate = torch.zeros(32, TOPK, dtype=torch.long, device=device)
+    replay.set_targets([duplicate, duplicate])
+    replay.set_action("replay_forward")
+    loss = forward_loss(model, _on(causal_batch(), device))
+    assert torch.isfinite(loss).all()

@@ -1,0 +1,32 @@
+"""Fixtures for process tests; the toy distribution they patch is described in procs_toy.py."""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Iterator
+
+import pytest
+from procs_toy import TOY_FILES, Toy
+
+from patchkit import settings
+from patchkit.autoload import ACTIVE_MARKER
+from patchkit.launcher import hook_installed
+
+
+@pytest.fixture(scope="session")
+def toy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Toy]:
+    if hook_installed() is None:
+        pytest.fail("patchkit's start-up hook is not installed in this interpreter: "
+                    "install patchkit with `pip install -e .` or `pip install .`")
+    site = tmp_path_factory.mktemp("toy-site")
+    for name, text in TOY_FILES.items():
+        (site / name).parent.mkdir(parents=True, exist_ok=True)
+        (site / name).write_text(textwrap.dedent(text).lstrip())
+    yield Toy(site)
+
+
+@pytest.fixture(autouse=True)
+def _clean_patchkit_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests in this process see no PATCHKIT_* variable they did not set themselves."""
+    for name in (*settings.VARIABLES, ACTIVE_MARKER):
+        monkeypatch.delenv(name, raising=False)
