@@ -84,6 +84,7 @@ def apply_qat(
     quantizable layer, before touching the model.
     """
     normalize_mode(mode)
+    ignore = (ignore,) if isinstance(ignore, str) else tuple(ignore)
     chunks = [model_chunks] if isinstance(model_chunks, nn.Module) else list(model_chunks)
     models = [_unwrap(chunk) for chunk in chunks]
     already = [name for model in models for name, m in model.named_modules() if isinstance(m, TensorQuantizer)]
@@ -101,7 +102,7 @@ def apply_qat(
             ", ".join(type(m).__name__ for m in models) or "an empty list of chunks",
             kinds, "module types present",
         )
-    _check_ignore_patterns(tuple(ignore), all_names, quantizable, strict_ignore)
+    _check_ignore_patterns(ignore, all_names, quantizable, strict_ignore)
 
     config = build_qat_config(mode, ignore, quantize_mtp=quantize_mtp, backend=backend)
     for model in models:

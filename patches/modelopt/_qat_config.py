@@ -83,7 +83,8 @@ def build_qat_config(
     ModelOpt's kernel, ``"auto"`` (see :func:`resolve_backend`).
     """
     normalize_mode(mode)
-    ignored = list(hf_patterns_to_megatron(tuple(ignore)).values())
+    patterns = (ignore,) if isinstance(ignore, str) else tuple(ignore)
+    ignored = list(hf_patterns_to_megatron(patterns).values())
     weight = copy.deepcopy(NVFP4_WEIGHT_ATTRIBUTES)
     backend_name = resolve_backend(backend)
     if backend_name is not None:
