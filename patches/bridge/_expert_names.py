@@ -1,0 +1,77 @@
+"""Expert parameter names under expert parallelism, and the sort key of exported names (Bridge 0.2-0.3).
+
+Derived from ``megatron/bridge/models/conversion/model_bridge.py::_megatron_local_name_to_global``
+and ``conversion/utils.py::extract_sort_key`` (identical in 0.2.0rc6 and 0.3.1). Upstream renumbers
+expert weights from local to global only for the grouped-GEMM naming (``experts.linear_fc1.weight3``)
+and its sort key only reads that naming's number. ModelOpt's quantizable MoE (``SequentialMLP`` of
+local linears, as built by ``get_gpt_modelopt_spec``) names experts ``experts.local_experts.3.linear_fc1
+.weight``: on expert-parallel rank r those names must become ``local_experts.{r * per_rank + 3}``, or
+every EP rank exports its experts under rank 0's names; and ``local_experts.10`` must sort after
+``local_experts.2`` as expert 10 does after expert 2 in the grouped naming.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any, Callable
+
+from megatron.core import parallel_state
+
+from ._quantizer_params import is_quantizer_name
+
+_LOCAL_EXPERT = re.compile(r"\.mlp\.experts\.local_experts\.(\d+)\.")
+_LAYER = re.compile(r"layers\.(\d+)")
+_GROUPED_EXPERT = re.compile(r"(?:bias|weight)(\d+)")
+
+
+def local_expert_to_global(param_name: str, num_experts: int, ep_rank: int, ep_size: int) -> str:
+    """``...local_experts.{i}...`` on EP rank ``ep_rank`` of ``ep_size`` to the global expert number."""
+    match = _LOCAL_EXPERT.search(param_name)
+    if match is None or ep_size <= 1:
+        return param_name
+    if num_experts % ep_size:
+        raise ValueError(f"num_moe_experts={num_experts} is not divisible by the expert-parallel size {ep_size}")
+    global_index = num_experts // ep_size * ep_rank + int(match.group(1))
+    start, end = match.span(1)
+    return param_name[:start] + str(global_index) + param_name[end:]
+
+
+def wrap_local_name_to_global(original: Callable[..., str]) -> Callable[..., str]:
+    """Upstream handles pipeline stages and grouped-GEMM experts; add the SequentialMLP naming."""
+
+    @functools.wraps(original)
+    def _megatron_local_name_to_global(models: Any, config: Any, param_name: str, vp_stage: Any = None) -> str:
+        if is_quantizer_name(param_name):
+            # Upstream parses the text after '.weight' as an expert number and fails on
+            # '.weight_quantizer._amax'. Quantizer state is not exported (bridge.skip_quantizer_params),
+            # so its name is returned as it is, without upstream's pipeline renumbering either.
+            return param_name
+        name = original(models, config, param_name, vp_stage)
+        if ".adapter." in name:  # upstream keeps adapters unsharded across EP ranks (0.3)
+            return name
+        group = parallel_state.get_expert_model_parallel_group()
+        size = group.size() if group is not None else 1
+        if size <= 1 or _LOCAL_EXPERT.search(name) is None:
+            return name
+        return local_expert_to_global(name, int(config.num_moe_experts), group.rank(), size)
+
+    return _megatron_local_name_to_global
+
+
+def extract_sort_key(param_name: str) -> tuple[list[int], str]:
+    """Upstream's key, ``([layer, expert], name)``, reading the expert number in either naming."""
+    numbers = []
+    layer = _LAYER.search(param_name)
+    if layer:
+        numbers.append(int(layer.group(1)))
+    expert = _LOCAL_EXPERT.search(param_name) or _GROUPED_EXPERT.search(param_name)
+    if expert:
+        numbers.append(int(expert.group(1)))
+    numbers += [-1] * (2 - len(numbers))
+    return numbers[:2], param_name
+
+
+def wrap_extract_sort_key(original: Callable[[str], Any]) -> Callable[[str], Any]:
+    """Replace the call site's key; the original is kept by the engine for revert."""
+    return functools.wraps(original)(extract_sort_key)

@@ -1,0 +1,86 @@
+"""NVFP4 W4A16 quantization-aware training with ModelOpt: the public helpers and the CPU backend patch.
+
+Declaration module: imported by ``patchkit.apply_all()``, so it imports nothing heavy. The helpers
+users call (:func:`build_qat_config`, :func:`apply_qat`, :func:`hf_patterns_to_megatron`) live in
+``_qat_*`` implementation modules that import ModelOpt and torch at their top; they are reached
+through this module's ``__getattr__`` (PEP 562), so ``from patchkit.patches.modelopt.qat import
+apply_qat`` works and the cost is paid only by code that uses QAT.
+
+The one patch declared here is opt-in: ``modelopt.nvfp4_cpu_fake_quant`` registers a pure-torch
+NVFP4 fake-quant backend through ModelOpt's ``register_quant_backend``, so QAT runs on machines
+without CUDA (CPU CI). While it is applied, :func:`build_qat_config` selects it for the weight
+quantizers; on a GPU leave it off and ModelOpt uses its own Triton/CUDA kernel.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from patchkit import Call, Patch, Variant
+
+from ._qat_errors import QATConfigError
+
+if TYPE_CHECKING:
+    from ._qat_apply import apply_qat
+    from ._qat_config import SUPPORTED_MODES, build_qat_config
+    from ._qat_names import hf_patterns_to_megatron
+
+#: Name under which the CPU backend is registered with ModelOpt.
+CPU_BACKEND_NAME = "patchkit_nvfp4_cpu"
+
+__all__ = [
+    "CPU_BACKEND_NAME", "PATCHES", "QATConfigError", "SUPPORTED_MODES", "apply_qat", "build_qat_config",
+    "hf_patterns_to_megatron",
+]
+
+_LAZY = {
+    "apply_qat": "._qat_apply",
+    "build_qat_config": "._qat_config",
+    "SUPPORTED_MODES": "._qat_config",
+    "hf_patterns_to_megatron": "._qat_names",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module, __package__), name)
+    globals()[name] = value
+    return value
+
+
+PATCHES = (
+    Patch(
+        id="modelopt.nvfp4_cpu_fake_quant",
+        summary="Pure-torch NVFP4 fake-quant backend so ModelOpt QAT runs without CUDA (CPU CI).",
+        why=(
+            "ModelOpt fake-quantizes NVFP4 only with its Triton kernel or CUDA extension, so QAT code "
+            "cannot be exercised in CPU CI. The backend reproduces the Triton kernel's arithmetic "
+            "(FP8 E4M3 block scales, E2M1 rounding with the kernel's tie rules) and is checked against "
+            "it on a GPU."
+        ),
+        upstream=(
+            "https://github.com/NVIDIA/Model-Optimizer/blob/0.47.0/modelopt/torch/kernels/quantization/"
+            "common/nvfp4_quant.py (register_quant_backend in modelopt/torch/quantization/nn/modules/"
+            "tensor_quantizer.py)"
+        ),
+        removal="Remove if ModelOpt ships a CPU implementation of NVFP4 fake quantization.",
+        version_modules={"nvidia-modelopt": "modelopt"},
+        opt_in=True,
+        variants=(
+            Variant(
+                requires={"nvidia-modelopt": ">=0.43,<0.48"},
+                installs=(
+                    Call(
+                        "._nvfp4_cpu_backend:install",
+                        "._nvfp4_cpu_backend:uninstall",
+                        after="modelopt.torch.quantization",
+                    ),
+                ),
+            ),
+        ),
+    ),
+)

@@ -1,0 +1,115 @@
+"""Fixtures and helpers for QAT tests against the real nvidia-modelopt and megatron-core on CPU.
+
+Shared by ``tests/modelopt`` and ``tests/bridge`` (their conftests import it).
+
+Megatron runs through ``tests/megatron/cpu_harness.py`` (CUDA-only device and RNG calls redirected;
+see its docstring). MoE layers additionally need one redirect on megatron-core 0.16.1, whose
+``moe_utils`` refers to ``te_general_gemm`` without defining it when TransformerEngine is absent:
+the name is set to ``None`` (what TE-less releases define) for the duration of a test.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "megatron"))
+from cpu_harness import cpu_megatron, destroy_parallel_state, initialize_parallel_state  # noqa: E402
+
+VOCAB_SIZE = 128
+SEQ_LEN = 16
+#: FP4 E2M1 magnitudes.
+E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+@pytest.fixture
+def megatron_cpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Megatron parallel state (TP=PP=EP=1) on a one-rank gloo group, CUDA-only calls redirected."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        monkeypatch.setattr(moe_utils, "te_general_gemm", None, raising=False)
+    with cpu_megatron():
+        initialize_parallel_state()
+        try:
+            yield
+        finally:
+            destroy_parallel_state()
+
+
+def build_tiny_moe_gpt(mtp_num_layers: int | None = 1, num_experts: int = 4, seed: int = 0, **overrides: Any):
+    """A 2-layer hidden-64 GPT with a 4-expert SequentialMLP MoE and an MTP layer, local specs."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec, get_gpt_mtp_block_spec
+    from megatron.core.transformer import TransformerConfig
+
+    kwargs: dict[str, Any] = dict(
+        num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4,
+        use_cpu_initialization=True, hidden_dropout=0.0, attention_dropout=0.0,
+        num_moe_experts=num_experts, moe_router_topk=2, add_bias_linear=False,
+        mtp_num_layers=mtp_num_layers, params_dtype=torch.float32,
+        # megatron-core 0.15 defaults this to None and then divides by it; 0.16+ default 0.1.
+        mtp_loss_scaling_factor=0.1,
+    )
+    kwargs.update(overrides)
+    config = TransformerConfig(**kwargs)
+    spec = get_gpt_layer_local_spec(num_experts=num_experts, moe_grouped_gemm=False)
+    mtp_spec = get_gpt_mtp_block_spec(config, spec, use_transformer_engine=False) if mtp_num_layers else None
+    torch.manual_seed(seed)
+    return GPTModel(config, spec, vocab_size=VOCAB_SIZE, max_sequence_length=SEQ_LEN, mtp_block_spec=mtp_spec)
+
+
+@pytest.fixture
+def tiny_moe_gpt(megatron_cpu: None) -> Callable[..., Any]:
+    return build_tiny_moe_gpt
+
+
+@pytest.fixture
+def cpu_backend() -> Iterator[None]:
+    """The opt-in CPU fake-quant backend, applied through patchkit for the test and reverted after."""
+    import patchkit
+
+    with patchkit.applied("modelopt.nvfp4_cpu_fake_quant") as records:
+        assert [r.state.value for r in records] == ["applied"], records
+        yield
+
+
+def batch(seed: int = 3) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, VOCAB_SIZE, (2, SEQ_LEN + 1), generator=generator)
+    return {
+        "input_ids": tokens[:, :-1].contiguous(),
+        "position_ids": torch.arange(SEQ_LEN).expand(2, SEQ_LEN).contiguous(),
+        "attention_mask": torch.ones(SEQ_LEN, SEQ_LEN, dtype=torch.bool).triu(1).view(1, 1, SEQ_LEN, SEQ_LEN),
+        "labels": tokens[:, 1:].contiguous(),
+    }
+
+
+def assert_blocks_on_fp4_grid(weight: torch.Tensor, quantized: torch.Tensor, block_size: int = 16) -> int:
+    """Each block of ``quantized`` holds at most 8 magnitudes, all E2M1 values times one block scale.
+
+    The scale is not taken from patchkit: a block's largest magnitude must be some E2M1 value ``m``
+    times the scale, so some ``scale = max / m`` must put every magnitude of the block on the grid.
+    Returns the number of blocks checked.
+    """
+    assert quantized.shape == weight.shape
+    rows = quantized.detach().float().reshape(-1, quantized.shape[-1])
+    assert rows.shape[-1] % block_size == 0
+    blocks = rows.reshape(-1, block_size).abs()
+    ordered = blocks.sort(dim=1).values
+    distinct = 1 + (ordered.diff(dim=1) != 0).sum(dim=1)
+    assert int(distinct.max()) <= 8, f"a block has {int(distinct.max())} distinct magnitudes"
+    grid = torch.tensor(E2M1)
+    top = blocks.amax(dim=1, keepdim=True)
+    fits = top.squeeze(1) == 0
+    for m in E2M1[1:]:
+        ratio = blocks / torch.where(top > 0, top / m, torch.ones_like(top))
+        off_grid = (ratio.unsqueeze(-1) - grid).abs().amin(dim=-1)
+        fits |= (off_grid <= 1e-4).all(dim=1)
+    bad = (~fits).nonzero().flatten()
+    assert bad.numel() == 0, f"block {int(bad[0])} magnitudes {blocks[bad[0]].unique().tolist()} are off the E2M1 grid"
+    return blocks.shape[0]

@@ -1,0 +1,112 @@
+"""On a CUDA GPU: QAT with ModelOpt's own NVFP4 kernel, and the CPU backend against that kernel.
+
+Marked ``gpu``; skipped without CUDA. The max abs difference between patchkit's pure-torch backend
+and ModelOpt's kernel is logged, recorded as a test property, and appended as JSON lines to the
+file named by ``PATCHKIT_GPU_REPORT`` when it is set.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any, Iterator
+
+import pytest
+import torch
+from modelopt.torch.quantization.nn import TensorQuantizer
+from patchkit.patches.modelopt.qat import apply_qat
+from qat_fixtures import SEQ_LEN, VOCAB_SIZE, assert_blocks_on_fp4_grid, batch, build_tiny_moe_gpt
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+logger = logging.getLogger("patchkit.tests.gpu")
+NVFP4 = {"num_bits": (2, 1), "block_sizes": {-1: 16, "type": "dynamic", "scale_bits": (4, 3)}}
+
+
+def _report(record_property, **fields: Any) -> None:
+    logger.warning("GPU result: %s", fields)
+    for key, value in fields.items():
+        record_property(key, value)
+    path = os.environ.get("PATCHKIT_GPU_REPORT")
+    if path:
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(fields) + "\n")
+
+
+def _modelopt_kernel(weight: torch.Tensor) -> torch.Tensor:
+    """ModelOpt's stock NVFP4 fake quantization of a CUDA tensor (Triton kernel on sm_89+)."""
+    quantizer = TensorQuantizer().to(weight.device)
+    quantizer.set_from_attribute_config(NVFP4)
+    with torch.no_grad():
+        return quantizer(weight)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_cpu_backend_matches_modelopts_cuda_kernel(dtype, record_property):
+    from patchkit.patches.modelopt._nvfp4_cpu_backend import nvfp4_fake_quantize
+
+    generator = torch.Generator().manual_seed(0)
+    shapes = [(128, 256), (512, 1024), (3, 64, 160), (4096, 64)]
+    worst_cpu = worst_cuda = 0.0
+    mismatched = total = 0
+    for shape in shapes:
+        weight = (torch.randn(*shape, generator=generator) * torch.logspace(-3, 1, shape[-1])).to(dtype)
+        reference = _modelopt_kernel(weight.cuda()).cpu()
+        amax = weight.float().abs().amax()
+        on_cpu = nvfp4_fake_quantize(weight, amax, 16)
+        on_cuda = nvfp4_fake_quantize(weight.cuda(), amax.cuda(), 16).cpu()
+        worst_cpu = max(worst_cpu, (on_cpu.float() - reference.float()).abs().max().item())
+        worst_cuda = max(worst_cuda, (on_cuda.float() - reference.float()).abs().max().item())
+        mismatched += int((on_cpu != reference).sum())
+        total += reference.numel()
+    _report(record_property, test="cpu_backend_vs_cuda_kernel", dtype=str(dtype),
+            max_abs_diff_cpu=worst_cpu, max_abs_diff_torch_on_cuda=worst_cuda,
+            mismatched=mismatched, elements=total, device=torch.cuda.get_device_name())
+    assert worst_cpu == 0.0 and worst_cuda == 0.0
+
+
+@pytest.fixture
+def megatron_gpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        monkeypatch.setattr(moe_utils, "te_general_gemm", None, raising=False)
+    if not torch.distributed.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29517")
+        torch.distributed.init_process_group("nccl", rank=0, world_size=1)
+    torch.cuda.set_device(0)
+    parallel_state.initialize_model_parallel()
+    model_parallel_cuda_manual_seed(1234)
+    try:
+        yield
+    finally:
+        parallel_state.destroy_model_parallel()
+        torch.distributed.destroy_process_group()
+
+
+def test_qat_forward_backward_with_modelopts_cuda_kernel(megatron_gpu, record_property):
+    model = build_tiny_moe_gpt(use_cpu_initialization=False).cuda()
+    apply_qat(model, backend=None)
+    enabled = [n for n, m in model.named_modules() if n.endswith("weight_quantizer") and isinstance(m, TensorQuantizer)
+               and m.is_enabled]
+    assert enabled and not any(n.startswith(("output_layer", "mtp.")) for n in enabled)
+    assert all(m.backend is None for n, m in model.named_modules() if n in enabled)
+    inputs = {k: v.cuda() for k, v in batch().items()}
+    loss = model(**inputs)
+    assert loss.shape == (2, SEQ_LEN) and torch.isfinite(loss).all()
+    loss.mean().backward()
+    qkv = model.decoder.layers[0].self_attention.linear_qkv
+    assert qkv.weight.grad is not None and qkv.weight.grad.abs().sum() > 0
+    blocks = 0
+    for name in enabled:
+        module = model.get_submodule(name.rsplit(".", 1)[0])
+        with torch.no_grad():
+            blocks += assert_blocks_on_fp4_grid(module.weight.cpu(), module.weight_quantizer(module.weight).cpu())
+    _report(record_property, test="qat_forward_backward_cuda", enabled_weight_quantizers=len(enabled),
+            blocks_checked=blocks, loss=float(loss.mean()), vocab=VOCAB_SIZE)
