@@ -252,18 +252,22 @@ class Engine:
         else:
             self._advance_safely(entry, "while applying")
 
-    def _advance_safely(self, entry: _Entry, context: str) -> None:
+    def _advance_safely(self, entry: _Entry, context: str, just_imported: str | None = None) -> None:
         """``_advance``, with anything unexpected recorded as a failure of this patch alone."""
         try:
-            self._advance(entry)
+            self._advance(entry, just_imported)
         except Exception as exc:
             if entry.settings.strict:
                 raise
             entry.set(State.FAILED, detail=context, error=str(exc) if isinstance(exc, DeclarationError) else repr(exc))
             logger.error("patchkit: %s failed %s: %r", entry.patch.id, context, exc)
 
-    def _advance(self, entry: _Entry) -> None:
-        """Take ``entry`` as far as the installed upstreams and imported modules allow."""
+    def _advance(self, entry: _Entry, just_imported: str | None = None) -> None:
+        """Take ``entry`` as far as the installed upstreams and imported modules allow.
+
+        ``just_imported`` is the module whose post-import hook is running: it has finished executing
+        though Python still flags it as initialising until the hook returns.
+        """
         patch = entry.patch
         found: dict[str, InstalledVersion] = {
             dist: installed_version(dist, patch.version_modules.get(dist)) for dist in patch.distributions
@@ -295,7 +299,7 @@ class Engine:
             entry.set(State.SKIPPED, Reason.NATIVE, variant.native)
             logger.info("patchkit: %s not needed: %s", patch.id, variant.native)
             return
-        missing = tuple(module for module in variant.modules if module not in sys.modules)
+        missing = tuple(m for m in variant.modules if m != just_imported and not _imported(m))
         if missing:
             self._wait(entry, missing, f"waiting for {', '.join(missing)} to be imported")
             return
@@ -351,7 +355,7 @@ class Engine:
         with self._lock:
             for entry in self._entries.values():
                 if entry.state is State.PENDING and module in entry.waiting_for:
-                    self._advance_safely(entry, f"on import of {module}")
+                    self._advance_safely(entry, f"on import of {module}", just_imported=module)
 
     # -- reverting ------------------------------------------------------------------------------
 
@@ -411,9 +415,21 @@ _ARMED: set[str] = set()
 _WATCH_LOCK = threading.RLock()  # wrapt may fire the hook at once, from inside _watch
 
 
+def _imported(module: str) -> bool:
+    """In ``sys.modules`` and done executing. A module that imports another target module is in
+    ``sys.modules`` while it still runs: installing then would find its attributes missing."""
+    found = sys.modules.get(module)
+    return found is not None and not getattr(getattr(found, "__spec__", None), "_initializing", False)
+
+
 def _watch(module: str) -> None:
     with _WATCH_LOCK:
         if module in _ARMED:
+            return
+        if module in sys.modules and not _imported(module):
+            # Its import began before any hook was armed, so none will fire when it ends; the
+            # patch stays pending until the next import it waits for, or import_targets().
+            logger.debug("patchkit: %s is still being imported; cannot hook it now", module)
             return
         if module not in sys.modules:
             _ARMED.add(module)

@@ -230,3 +230,20 @@ def test_apply_unknown_id_raises_with_suggestions(engine, make_upstream):
     engine.register(make_patch(up, three_targets(up)))
     with pytest.raises(UnknownPatchError, match="toy.multi"):
         engine.apply("toy.mult")
+
+
+def test_targets_in_a_module_and_one_it_imports_install_after_both_finish(engine, make_upstream):
+    # core.py imports helper.py at its top: helper finishes (and fires its hook) while core still
+    # runs. The patch must wait for core, not report core's attributes missing.
+    up = make_upstream()
+    (up.root / up.package / "helper.py").write_text("def helper(x):\n    return x\n")
+    core_source = (up.root / up.package / "core.py").read_text()
+    (up.root / up.package / "core.py").write_text(f"from {up.package} import helper\n" + core_source)
+    engine.register(make_patch(up, [Replace(f"{up.package}.helper:helper", patched_compute),
+                                    Replace(up.target("Model.forward"), patched_forward)]))
+    (record,) = engine.apply_all()
+    assert record.state is State.PENDING
+    core = up.import_core()
+    (record,) = engine.status()
+    assert record.state is State.APPLIED, record.detail
+    assert core.Model().forward(1) == 1001 and core.helper.helper(3) == -3
