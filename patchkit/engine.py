@@ -337,7 +337,13 @@ class Engine:
         """Compare the targets with compat_matrix.yaml; strict mode refuses a drifted variant."""
         from . import drift
 
-        found = drift.check(entry.patch.id, variant, self._matrix, strict=entry.settings.strict)
+        try:
+            found = drift.check(entry.patch.id, variant, self._matrix, strict=entry.settings.strict)
+        except Exception as exc:  # the check itself broke: drift is unknown, the patch still applies
+            if entry.settings.strict:
+                raise
+            logger.warning("patchkit: %s: drift check unavailable, applying unchecked: %r", entry.patch.id, exc)
+            return None
         if found is not None and entry.settings.strict:
             raise DriftError(found.patch_id, found.variant, found.targets, found.compared)
         return found

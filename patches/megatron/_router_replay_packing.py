@@ -190,7 +190,7 @@ def thd_layout(
     slot_of_cell = torch.where(flat_mask, global_slot, torch.zeros_like(global_slot))
 
     is_token = torch.zeros(total, dtype=torch.bool, device=dev)
-    is_token[global_slot[valid_cells]] = True
+    is_token.index_fill_(0, global_slot[valid_cells], True)  # not `[...] = True`: that syncs on CUDA
     cell_of_slot = torch.zeros(total, dtype=torch.long, device=dev)
     cell_of_slot[global_slot[valid_cells]] = valid_cells
     padding_slots = tuple(
