@@ -122,4 +122,5 @@ def shift_expert_bias(model, seed: int = 3, scale: float = 2.0) -> None:
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for router in routers(model):
-            router.expert_bias.add_(torch.randn(router.expert_bias.shape, generator=generator) * scale)
+            shift = torch.randn(router.expert_bias.shape, generator=generator) * scale
+            router.expert_bias.add_(shift.to(router.expert_bias.device))
