@@ -64,6 +64,19 @@ def _matrix(source: MatrixSource, strict: bool) -> "Matrix | None":
         return None
 
 
+def _installed_versions(variant: Variant) -> dict[str, str]:
+    """The installed version of each distribution the variant requires, as metadata spells it."""
+    from importlib import metadata
+
+    found = {}
+    for dist in variant.requires:
+        try:
+            found[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    return found
+
+
 def _in_range(variant: Variant, versions: Mapping[str, str]) -> bool:
     from packaging.version import InvalidVersion, Version
 
@@ -85,10 +98,14 @@ def check(patch_id: str, variant: Variant, source: MatrixSource = None, strict: 
         return None
     from .matrix.model import VERIFIED
 
-    records = [r for r in matrix.records(patch_id, variant.name)
-               if r.status == VERIFIED and r.targets and _in_range(variant, r.versions)]
+    every_record = matrix.records(patch_id, variant.name)
+    records = [r for r in every_record if r.status == VERIFIED and r.targets and _in_range(variant, r.versions)]
     if not records:
         return None
+    # The installed release itself recorded without a fingerprint (its tests ran where the target
+    # could not be read): nothing to compare it with, so unknown, never drift against another release.
+    installed = _installed_versions(variant)
+    own_records = [r for r in every_record if dict(r.versions) == installed]
     from .fingerprint import target_fingerprint
 
     drifted, compared = [], []
@@ -98,6 +115,9 @@ def check(patch_id: str, variant: Variant, source: MatrixSource = None, strict: 
         recorded = {r.targets[action.target].fingerprint: r for r in records
                     if action.target in r.targets and r.targets[action.target].fingerprint}
         if not recorded:
+            continue
+        if own_records and not any(action.target in r.targets and r.targets[action.target].fingerprint
+                                   for r in own_records):
             continue
         current = target_fingerprint(Target.parse(action.target))
         if current is None or current in recorded:

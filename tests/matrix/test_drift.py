@@ -111,6 +111,24 @@ def test_a_variant_without_recorded_fingerprints_is_unknown_not_drifted(make_dis
     assert status.state is State.APPLIED and status.reason is None
 
 
+def test_the_installed_release_recorded_without_fingerprints_is_unknown_not_drifted(
+    make_dist, tmp_path
+) -> None:
+    # 1.2.3 was recorded with fingerprints; the installed 1.5.0 has changed code and a record of its
+    # own without them (its environment could not read the target): unknown, not drift against 1.2.3.
+    original = make_dist(version="1.2.3")
+    matrix_path = _recorded_matrix(original, tmp_path)
+    changed = make_dist(like=original, version="1.5.0", source=SOURCE.replace("return x + 1", "return x + 9"))
+    text = matrix_path.read_text()
+    own = f'      - versions: {{{changed.name}: "1.5.0"}}\n        status: verified\n        verified_by: ["tests:toy"]\n'
+    marker = "# --- end of generated patches ---"
+    assert marker in text
+    matrix_path.write_text(text.replace(marker, own + marker))
+    engine, status = _apply(changed, matrix_path, strict=True)
+    engine.revert_all()
+    assert status.state is State.APPLIED and status.reason is None
+
+
 def test_records_outside_the_installed_range_are_not_compared(make_dist, tmp_path) -> None:
     original = make_dist(version="1.2.3")
     matrix_path = _recorded_matrix(original, tmp_path)
