@@ -120,7 +120,8 @@ def test_the_installed_release_recorded_without_fingerprints_is_unknown_not_drif
     matrix_path = _recorded_matrix(original, tmp_path)
     changed = make_dist(like=original, version="1.5.0", source=SOURCE.replace("return x + 1", "return x + 9"))
     text = matrix_path.read_text()
-    own = f'      - versions: {{{changed.name}: "1.5.0"}}\n        status: verified\n        verified_by: ["tests:toy"]\n'
+    own = (f'      - versions: {{{changed.name}: "1.5.0"}}\n'
+           '        status: verified\n        verified_by: ["tests:toy"]\n')
     marker = "# --- end of generated patches ---"
     assert marker in text
     matrix_path.write_text(text.replace(marker, own + marker))
