@@ -92,7 +92,13 @@ def summary(session: nox.Session) -> None:
             totals["failed"] += failed
             totals["skipped"] += skipped
             session.log(f"{report.stem}: {tests - skipped - failed} passed, {failed} failed, {skipped} skipped")
+    # An environment that failed before pytest (an install error) leaves no report: that is a failure too.
+    expected = [name for name, env in MATRIX["environments"].items() if env.get("ci")]
+    missing = [name for name in expected if not (REPORTS / f"{name}.xml").exists()]
+    totals["failed"] += len(missing)
     print(f"ci: {totals['passed']} passed, {totals['failed']} failed, {totals['skipped']} skipped")
+    if missing:
+        session.error(f"no test report from {', '.join(missing)}: the environment failed before its tests")
     if totals["failed"] or not totals["passed"]:
         session.error("tests failed or none ran")
 
