@@ -23,7 +23,7 @@ HOOK_NAME = "zz_patchkit_autoload.pth"
 #: dictionary lookup: ``os`` is already imported by ``site``, and nothing of patchkit is imported.
 HOOK_LINE = (
     "import os; 'PATCHKIT_AUTOLOAD' in os.environ and "
-    "__import__('patchkit.autoload').autoload.run_at_startup()\n"
+    "__import__('patchkit.processes.autoload').processes.autoload.run_at_startup()\n"
 )
 
 

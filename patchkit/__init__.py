@@ -12,11 +12,11 @@ import os
 import threading
 from typing import Mapping, Sequence
 
-from . import probing
-from .catalogue import Registered
-from .declaration import Add, Call, Patch, Replace, Target, Variant, Wrap
-from .engine import Engine
-from .errors import (
+from .runtime import probing
+from .runtime.catalogue import Registered
+from .runtime.declaration import Add, Call, Patch, Replace, Target, Variant, Wrap
+from .runtime.engine import Engine
+from .runtime.errors import (
     ConfigError,
     DeclarationError,
     DriftError,
@@ -27,7 +27,7 @@ from .errors import (
     UnknownPatchError,
     UnsupportedVersionError,
 )
-from .status import PatchStatus, Reason, State
+from .runtime.status import PatchStatus, Reason, State
 
 __version__ = "0.1.0"
 
@@ -50,7 +50,7 @@ def engine() -> Engine:
     if _engine is None:
         with _engine_lock:
             if _engine is None:
-                from . import catalogue
+                from .runtime import catalogue
 
                 patches, errors = catalogue.load()
                 _engine = Engine(patches, errors)
@@ -72,7 +72,7 @@ def apply_all(
     Declaration modules named in ``PATCHKIT_EXTRA_PATCHES`` are registered first.
     """
     if (os.environ if environ is None else environ).get("PATCHKIT_EXTRA_PATCHES"):
-        from .autoload import register_extra_patches
+        from .processes.autoload import register_extra_patches
 
         for problem in register_extra_patches(environ)[1]:
             logging.getLogger("patchkit").error("patchkit: %s", problem)

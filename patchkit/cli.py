@@ -9,9 +9,9 @@ import sys
 from typing import Sequence
 
 from . import engine as default_engine
-from .errors import PatchkitError
 from .matrix.cli import add_parser as add_matrix_parser
 from .report import describe, status_json, status_table
+from .runtime.errors import PatchkitError
 
 
 def _write(text: str) -> None:
@@ -48,7 +48,7 @@ def _explain(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .launcher import run
+    from .processes.launcher import run
 
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not command:

@@ -1,12 +1,12 @@
-"""Rendering statuses and declarations for people; the data itself lives in :mod:`patchkit.status`."""
+"""Rendering statuses and declarations for people; the data itself lives in :mod:`patchkit.runtime.status`."""
 
 from __future__ import annotations
 
 import json
 from typing import Iterable
 
-from .declaration import Call, Patch
-from .status import PatchStatus
+from .runtime.declaration import Call, Patch
+from .runtime.status import PatchStatus
 
 
 def status_table(records: Iterable[PatchStatus]) -> str:

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from megatron.bridge.models import gpt_provider
 
-from patchkit.probing import get_field
+from patchkit.runtime.probing import get_field
 
 #: The spec builder a dataclass-default provider holds; captured before any patching.
 DEFAULT_LAYER_SPEC = gpt_provider.default_layer_spec

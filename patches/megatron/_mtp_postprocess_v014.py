@@ -25,7 +25,7 @@ from megatron.core.transformer.multi_token_prediction import (
 from megatron.core.transformer.transformer_config import TransformerConfig
 from torch import Tensor
 
-from patchkit.probing import accepts_parameter, get_field
+from patchkit.runtime.probing import accepts_parameter, get_field
 
 from ._mtp_postprocess_logits import main_head_logits
 

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from megatron.core.transformer.multi_token_prediction import process_mtp_loss
 
-from patchkit.probing import get_field
+from patchkit.runtime.probing import get_field
 
 from ._mtp_postprocess_logits import main_head_logits
 

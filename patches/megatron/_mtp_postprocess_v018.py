@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional
 from megatron.core.inference.utils import InferenceMode
 from torch import Tensor
 
-from patchkit.probing import get_field
+from patchkit.runtime.probing import get_field
 
 
 def main_head_logits_processor(

@@ -31,7 +31,7 @@ from typing import Any, Optional, Union
 
 import torch
 
-from patchkit.probing import get_field
+from patchkit.runtime.probing import get_field
 
 __all__ = [
     "FP8_PADDED_FORMATS", "ThdLayout", "pack", "sequence_parallel_shard", "thd_layout", "unpack", "uses_fp8_padding",

@@ -28,7 +28,7 @@ from typing import Any, Optional
 import torch
 from megatron.core.transformer.moe.moe_utils import group_limited_topk
 
-from patchkit.probing import get_field
+from patchkit.runtime.probing import get_field
 
 from ._router_replay_backport import RouterReplay
 from .router_replay_api import RouterReplayError

@@ -41,7 +41,8 @@ def load() -> None:
 def _strict() -> bool:
     import os
 
-    from patchkit import ConfigError, settings
+    from patchkit import ConfigError
+    from patchkit.runtime import settings
 
     try:
         return settings.parse_bool(settings.STRICT, os.environ.get(settings.STRICT, ""))

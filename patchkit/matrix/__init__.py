@@ -1,7 +1,7 @@
 """``compat_matrix.yaml``: what patchkit was verified on, read, checked and written back.
 
 Nothing here is imported by ``import patchkit`` or by ``apply_all()`` when no patch installs: the
-engine loads the matrix only when a variant is about to install (see :mod:`patchkit.drift`).
+engine loads the matrix only when a variant is about to install (see :mod:`patchkit.runtime.drift`).
 
     schema     validating the file, with line:column positions
     loader     finding and loading it (checkout or installed wheel), cached

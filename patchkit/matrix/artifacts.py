@@ -29,7 +29,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import PatchkitError
+from ..runtime.errors import PatchkitError
 
 logger = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from typing import Iterable, Mapping, Sequence
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from ..catalogue import Registered
-from ..declaration import Patch, Variant
+from ..runtime.catalogue import Registered
+from ..runtime.declaration import Patch, Variant
 from .model import IN_RANGE, Matrix, Position, VersionRecord
 
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from ..catalogue import Registered
+from ..runtime.catalogue import Registered
 from .loader import FILENAME, default_path
 
 
@@ -31,7 +31,7 @@ def _matrix_path(args: argparse.Namespace) -> Path:
 
 
 def _registry() -> list[Registered]:
-    from ..catalogue import load
+    from ..runtime.catalogue import load
 
     patches, errors = load()
     for error in errors:
@@ -115,7 +115,7 @@ def _static(args: argparse.Namespace) -> int:
 def _release(text: str) -> tuple[str, str]:
     dist, sep, version = text.strip().partition("==")
     if not sep or not dist or not version:
-        from ..errors import ConfigError
+        from ..runtime.errors import ConfigError
 
         raise ConfigError("--add", text, "DIST==VERSION[,DIST==VERSION...], e.g. vllm==0.16.0")
     return dist, version

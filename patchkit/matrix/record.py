@@ -14,10 +14,10 @@ import logging
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from ..catalogue import Registered
-from ..declaration import Patch, Replace, Target, Wrap
-from ..fingerprint import module_file
-from ..versions import Availability, InstalledVersion, Outcome, installed_version, select_variant
+from ..runtime.catalogue import Registered
+from ..runtime.declaration import Patch, Replace, Target, Wrap
+from ..runtime.fingerprint import module_file
+from ..runtime.versions import Availability, InstalledVersion, Outcome, installed_version, select_variant
 from .model import NATIVE, VERIFIED, Matrix, TargetRecord, VersionRecord
 from .symbols import ABSENT, inspect_target
 
@@ -83,7 +83,7 @@ def merge(patches: Mapping[str, Mapping[str, tuple[VersionRecord, ...]]], patch_
 def record(matrix: Matrix, patches: Sequence[Registered], environment: str) -> Matrix:
     """``matrix`` with this environment's records merged in."""
     if environment not in matrix.environments:
-        from ..errors import ConfigError
+        from ..runtime.errors import ConfigError
 
         raise ConfigError("--env", environment, f"an environment of {matrix.path}: {', '.join(matrix.environments)}",
                           problem="not an environment in the matrix")

@@ -14,8 +14,8 @@ from typing import Callable, TypeVar
 
 import yaml
 
-from ..declaration import Target
-from ..errors import DeclarationError, PatchkitError
+from ..runtime.declaration import Target
+from ..runtime.errors import DeclarationError, PatchkitError
 from .model import STATUSES, Environment, Matrix, Position, TargetRecord, VersionRecord
 
 SCHEMA_VERSION = 1

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-from ..catalogue import Registered
-from ..declaration import Add, Replace, Target, Wrap
+from ..runtime.catalogue import Registered
+from ..runtime.declaration import Add, Replace, Target, Wrap
 from .artifacts import DEFAULT_CACHE, ArtifactSpec, SourceTree, fetch
 from .model import IN_RANGE, VERIFIED, Matrix, TargetRecord, VersionRecord
 from .symbols import ABSENT, SymbolFacts, inspect_target

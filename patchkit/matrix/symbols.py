@@ -2,7 +2,7 @@
 
 For a ``module:Qualname`` target: whether it is defined there (or inherited from a base class
 defined in the same module, or imported there from another module), its signature, its
-fingerprint (:mod:`patchkit.fingerprint`) and a hash of its source text, which unlike the
+fingerprint (:mod:`patchkit.runtime.fingerprint`) and a hash of its source text, which unlike the
 fingerprint also moves on docstring and formatting edits.
 """
 
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ..declaration import Target
-from ..fingerprint import locate, nested_statements, node_fingerprint, parse_file
+from ..runtime.declaration import Target
+from ..runtime.fingerprint import locate, nested_statements, node_fingerprint, parse_file
 
 PRESENT = "present"
 ABSENT = "absent"

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Iterable, Mapping
 
-from ..catalogue import Registered
+from ..runtime.catalogue import Registered
 from .model import KNOWN_BAD, NATIVE, UNSUPPORTED, VERIFIED, Matrix, VersionRecord
 from .writer import record_order
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from patchkit import Add, Call, ForeignWrapperError, Patch, Reason, Replace, State, Variant, Wrap
-from patchkit.errors import UnknownPatchError
+from patchkit.runtime.errors import UnknownPatchError
 
 
 def patched_forward(self, x):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from patchkit import ConfigError, Patch, Reason, Replace, State, UnknownPatchError, Variant, settings
+from patchkit import ConfigError, Patch, Reason, Replace, State, UnknownPatchError, Variant
+from patchkit.runtime import settings
 
 
 def forward(self, x):

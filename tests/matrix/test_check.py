@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from patchkit import Add, Patch, Replace, Variant
-from patchkit.catalogue import Registered
 from patchkit.matrix.check import check, overlap
 from patchkit.matrix.schema import parse
+from patchkit.runtime.catalogue import Registered
 
 HEAD = """schema: 1
 environments:

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from patchkit import Engine, Patch, Reason, Replace, State, Variant
-from patchkit.catalogue import Registered
-from patchkit.errors import DriftError
 from patchkit.matrix import MatrixError
 from patchkit.matrix.record import record
 from patchkit.matrix.schema import parse
 from patchkit.matrix.writer import replace_patches
+from patchkit.runtime.catalogue import Registered
+from patchkit.runtime.errors import DriftError
 
 from .conftest import SOURCE, Dist
 
@@ -156,8 +156,8 @@ def test_a_malformed_matrix_is_logged_by_default_and_raised_in_strict_mode(make_
 
 def test_apply_all_without_upstreams_reads_no_matrix() -> None:
     code = ("import sys, patchkit; patchkit.apply_all(); "
-            "print(sorted(m for m in sys.modules if m.startswith(('patchkit.matrix', 'patchkit.drift', "
-            "'patchkit.fingerprint', 'yaml'))))")
+            "print(sorted(m for m in sys.modules if m.startswith(('patchkit.matrix', 'patchkit.runtime.drift', "
+            "'patchkit.runtime.fingerprint', 'yaml'))))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from patchkit import fingerprint
-from patchkit.declaration import Target
 from patchkit.matrix.artifacts import SourceTree
 from patchkit.matrix.symbols import inspect_file
+from patchkit.runtime import fingerprint
+from patchkit.runtime.declaration import Target
 
 from .conftest import SOURCE
 

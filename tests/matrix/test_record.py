@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from patchkit import Add, Patch, Replace, Variant, Wrap
-from patchkit.catalogue import Registered
-from patchkit.errors import ConfigError
-from patchkit.fingerprint import source_fingerprint
 from patchkit.matrix.record import record
 from patchkit.matrix.schema import parse
 from patchkit.matrix.writer import BEGIN, END, replace_patches
+from patchkit.runtime.catalogue import Registered
+from patchkit.runtime.errors import ConfigError
+from patchkit.runtime.fingerprint import source_fingerprint
 
 from .conftest import SOURCE, Dist
 

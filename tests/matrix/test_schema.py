@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from patchkit.errors import PatchkitError
 from patchkit.matrix import MatrixError, load
 from patchkit.matrix.schema import parse
+from patchkit.runtime.errors import PatchkitError
 
 GOOD_ENV = """schema: 1
 environments:

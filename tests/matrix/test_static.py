@@ -10,9 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from patchkit import Add, Patch, Replace, Variant, Wrap
-from patchkit.catalogue import Registered
 from patchkit.matrix.schema import parse
 from patchkit.matrix.static import ANNOTATIONS_ONLY, CODE_CHANGED, FORMAT_ONLY, NEW, SIG_CHANGED, survey, verify_matrix
+from patchkit.runtime.catalogue import Registered
 
 _BASE = "class Base:\n    def run(self, x):\n        return x\n\n"
 RELEASES = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 from megatron.core.transformer.mlp import apply_swiglu_sharded_factory
 
 import patchkit
-from patchkit.probing import accepts_parameter
+from patchkit.runtime.probing import accepts_parameter
 
 
 def test_native_claim_holds_for_installed_megatron_core():

@@ -8,9 +8,9 @@ from typing import Iterator
 import pytest
 from procs_toy import TOY_FILES, Toy
 
-from patchkit import settings
-from patchkit.autoload import ACTIVE_MARKER
-from patchkit.launcher import hook_installed
+from patchkit.processes.autoload import ACTIVE_MARKER
+from patchkit.processes.launcher import hook_installed
+from patchkit.runtime import settings
 
 
 @pytest.fixture(scope="session")

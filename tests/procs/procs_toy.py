@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from patchkit import settings
-from patchkit.autoload import ACTIVE_MARKER
+from patchkit.processes.autoload import ACTIVE_MARKER
+from patchkit.runtime import settings
 
 TOY_FILES = {
     "pkproc_toy/__init__.py": '__version__ = "1.0.0"\n',
@@ -75,7 +75,7 @@ TOY_FILES = {
             raise RuntimeError("autoload recursed: a process spawned during autoload autoloaded again")
         CHILD = subprocess.run(
             [sys.executable, "-c",
-             "import json, sys, patchkit.autoload as a; o = a.outcome(); "
+             "import json, sys, patchkit.processes.autoload as a; o = a.outcome(); "
              "sys.stdout.write(json.dumps(o.to_dict() if o else None))"],
             capture_output=True, text=True, timeout=60, env={**os.environ, "PKPROC_DEPTH": str(depth + 1)},
         )
@@ -95,7 +95,7 @@ TOY_FILES = {
 REPORT = textwrap.dedent("""
     import json, sys
     from pkproc_toy.core import Model
-    from patchkit import manifest
+    from patchkit.processes import manifest
     sys.stdout.write(json.dumps({"forward": Model().forward(1), "manifest": manifest.collect().to_dict()}))
 """)
 

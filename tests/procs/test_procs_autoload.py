@@ -11,7 +11,7 @@ import sys
 import pytest
 from procs_toy import AUTOLOAD, REPORT, TOY_PATCHES, toy_entry
 
-from patchkit.autoload import STRICT_EXIT_STATUS
+from patchkit.processes.autoload import STRICT_EXIT_STATUS
 
 
 def test_without_the_variable_the_hook_imports_nothing_of_patchkit(toy):
@@ -53,7 +53,8 @@ def test_autoload_does_not_import_torch(toy):
     ({**AUTOLOAD, "PATCHKIT_EXTRA_PATCHES": "pkproc_toy.patches,pkproc_toy.clash"}, "already registered: toy.forward"),
 ])
 def test_a_bad_value_or_a_failing_patch_is_reported_and_the_interpreter_starts(toy, variables, named):
-    code = "import json, patchkit.autoload as a; print('user code ran'); print(json.dumps(a.outcome().to_dict()))"
+    code = ("import json, patchkit.processes.autoload as a; print('user code ran'); "
+            "print(json.dumps(a.outcome().to_dict()))")
     result = toy.python(code, **variables)
     assert result.returncode == 0, result.stderr
     ran, outcome = result.stdout.splitlines()
@@ -93,7 +94,7 @@ def test_strict_mode_stops_the_interpreter_before_user_code(toy, variables):
 
 def test_running_the_hook_again_in_the_same_process_changes_nothing(toy):
     # site reads the hook twice in a venv with a lib64 -> lib symlink; any repeat must be a no-op.
-    code = ("import patchkit.autoload as a; before = a.outcome(); a.run_at_startup(); a.load();"
+    code = ("import patchkit.processes.autoload as a; before = a.outcome(); a.run_at_startup(); a.load();"
             "assert a.outcome() is before, (before, a.outcome())\n" + REPORT)
     result = toy.python(code, **AUTOLOAD)
     assert result.returncode == 0, result.stderr
@@ -101,7 +102,7 @@ def test_running_the_hook_again_in_the_same_process_changes_nothing(toy):
 
 
 def test_a_process_spawned_during_autoload_does_not_autoload_again(toy):
-    code = ("import json, pkproc_toy.spawning as s, patchkit.autoload as a;"
+    code = ("import json, pkproc_toy.spawning as s, patchkit.processes.autoload as a;"
             "print(json.dumps({'child': s.CHILD_OUTCOME, 'parent': a.outcome().to_dict()}))")
     result = toy.python(code, PATCHKIT_AUTOLOAD="1", PATCHKIT_EXTRA_PATCHES="pkproc_toy.spawning,pkproc_toy.patches")
     assert result.returncode == 0, result.stderr
@@ -156,7 +157,7 @@ def test_processes_write_manifests_to_a_folder_that_the_file_check_compares(toy,
     assert len(written) == 3
     disabled_pid = json.loads(result.stdout)["manifest"]["process"]["pid"]
     # The checker runs in the job's environment: its own manifest lands in the folder, and is left out.
-    check = subprocess.run([sys.executable, "-m", "patchkit.consistency", str(folder)], capture_output=True,
+    check = subprocess.run([sys.executable, "-m", "patchkit.processes.consistency", str(folder)], capture_output=True,
                            text=True, timeout=60, env=toy.env(PATCHKIT_MANIFEST_DIR=str(folder), **AUTOLOAD))
     assert check.returncode == 1
     assert "1 of 3 processes differ" in check.stderr and len(list(folder.glob("*.json"))) == 4

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from patchkit import PatchStatus, Reason, State
-from patchkit.consistency import ManifestMismatchError, check, check_files, compare, main
-from patchkit.manifest import FINGERPRINTERS, Manifest, collect
+from patchkit.processes.consistency import ManifestMismatchError, check, check_files, compare, main
+from patchkit.processes.manifest import FINGERPRINTERS, Manifest, collect
 
 APPLIED = PatchStatus("toy.forward", State.APPLIED, variant="v1", versions={"pkproc-toy": "1.0.0"})
 PENDING = PatchStatus("toy.forward", State.PENDING, variant="v1", versions={"pkproc-toy": "1.0.0"})
@@ -67,7 +67,7 @@ def test_differing_upstream_versions_are_a_difference():
 
 def test_fingerprints_registered_by_an_extension_are_compared(monkeypatch):
     values = iter(["aaa", "aaa", "bbb"])
-    monkeypatch.setattr("patchkit.manifest.FINGERPRINTERS", [lambda record: {"code": next(values)}])
+    monkeypatch.setattr("patchkit.processes.manifest.FINGERPRINTERS", [lambda record: {"code": next(values)}])
     manifests = ranks([APPLIED], [APPLIED], [APPLIED])
     assert FINGERPRINTERS == []  # the extension point starts empty
     (difference,) = compare(manifests).differences

@@ -10,9 +10,9 @@ from procs_toy import AUTOLOAD, TOY_PATCHES
 
 PARENT = textwrap.dedent("""
     import json, multiprocessing as mp, sys
-    import patchkit.autoload
-    from patchkit.consistency import compare
-    from patchkit.manifest import Manifest, collect
+    import patchkit.processes.autoload
+    from patchkit.processes.consistency import compare
+    from patchkit.processes.manifest import Manifest, collect
 
 
     def child_manifest(queue):
@@ -26,7 +26,7 @@ PARENT = textwrap.dedent("""
 
     if __name__ == "__main__":
         if sys.argv[1] == "explicit":
-            patchkit.autoload.load()  # the parent applies in code; nothing tells its children to
+            patchkit.processes.autoload.load()  # the parent applies in code; nothing tells its children to
         from pkproc_toy.core import Model
         ctx = mp.get_context("spawn")
         queue = ctx.Queue()

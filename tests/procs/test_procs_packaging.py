@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from patchkit.launcher import HOOK_NAME, hook_installed
+from patchkit.processes.launcher import HOOK_NAME, hook_installed
 
 ROOT = Path(__file__).resolve().parents[2]
 

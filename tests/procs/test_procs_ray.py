@@ -1,4 +1,4 @@
-"""A real local Ray cluster: actors started with ``patchkit.ray.runtime_env()`` autoload; one
+"""A real local Ray cluster: actors started with ``patchkit.processes.ray.runtime_env()`` autoload; one
 started without it is caught by the check. One driver process, one cluster, for the whole module:
 Ray's start-up is the slow part."""
 
@@ -15,27 +15,27 @@ pytest.importorskip("ray")
 DRIVER = textwrap.dedent("""
     import json, sys
     import ray
-    import patchkit.autoload, patchkit.ray
-    from patchkit.consistency import ManifestMismatchError
+    import patchkit.processes.autoload, patchkit.processes.ray
+    from patchkit.processes.consistency import ManifestMismatchError
 
-    patchkit.autoload.load()  # the driver applies in code; its workers learn of it only via runtime_env
+    patchkit.processes.autoload.load()  # the driver applies in code; its workers learn of it only via runtime_env
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
 
 
     @ray.remote
-    class Worker(patchkit.ray.ManifestReporter):
+    class Worker(patchkit.processes.ray.ManifestReporter):
         def forward(self):
             from pkproc_toy.core import Model
             return Model().forward(1)
 
 
-    with_env = Worker.options(runtime_env=patchkit.ray.runtime_env()).remote()
+    with_env = Worker.options(runtime_env=patchkit.processes.ray.runtime_env()).remote()
     without_env = Worker.remote()
     forward = ray.get([with_env.forward.remote(), without_env.forward.remote()])
-    matching = patchkit.ray.check_actors([with_env])
-    caught = patchkit.ray.check_actors([with_env, without_env])
+    matching = patchkit.processes.ray.check_actors([with_env])
+    caught = patchkit.processes.ray.check_actors([with_env, without_env])
     try:
-        patchkit.ray.check_actors([without_env], strict=True)
+        patchkit.processes.ray.check_actors([without_env], strict=True)
         strict = "passed"
     except ManifestMismatchError as exc:
         strict = "raised"
@@ -70,20 +70,20 @@ def test_an_actor_started_without_it_is_caught(cluster_run):
 
 
 def test_runtime_env_carries_the_drivers_toggles_and_keeps_the_frameworks_own(monkeypatch):
-    import patchkit.ray
+    import patchkit.processes.ray
 
     monkeypatch.setenv("PATCHKIT_DISABLE", "toy.other")
     monkeypatch.setenv("PATCHKIT_EXTRA_PATCHES", "pkproc_toy.patches")
-    env = patchkit.ray.runtime_env({"pip": ["x"], "env_vars": {"PATCHKIT_DISABLE": "toy.forward", "A": "1"}})
+    env = patchkit.processes.ray.runtime_env({"pip": ["x"], "env_vars": {"PATCHKIT_DISABLE": "toy.forward", "A": "1"}})
     assert env["pip"] == ["x"]
     assert env["env_vars"] == {"PATCHKIT_AUTOLOAD": "1", "PATCHKIT_DISABLE": "toy.forward",
                                "PATCHKIT_EXTRA_PATCHES": "pkproc_toy.patches", "A": "1"}
 
 
 def test_runtime_env_refuses_a_malformed_driver_value(monkeypatch):
-    import patchkit.ray
+    import patchkit.processes.ray
     from patchkit import ConfigError
 
     monkeypatch.setenv("PATCHKIT_ENABLE", "toy..forward")
     with pytest.raises(ConfigError, match="PATCHKIT_ENABLE"):
-        patchkit.ray.runtime_env()
+        patchkit.processes.ray.runtime_env()

@@ -20,7 +20,7 @@ pytest.importorskip("torch.distributed")
 RANK = textwrap.dedent("""
     import json, os, sys
     import torch.distributed as dist
-    from patchkit.consistency import ManifestMismatchError, check_distributed
+    from patchkit.processes.consistency import ManifestMismatchError, check_distributed
     from pkproc_toy.core import Model
 
     out = sys.argv[1]

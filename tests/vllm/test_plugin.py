@@ -1,7 +1,7 @@
 """patchkit's ``vllm.general_plugins`` entry point, in fresh processes as vLLM starts them.
 
 Each test runs vLLM's own ``load_general_plugins()`` in a new interpreter (the entry point comes
-from this package's installed metadata) and reads ``patchkit.status`` there. Importing vLLM
+from this package's installed metadata) and reads ``patchkit.runtime.status`` there. Importing vLLM
 imports torch, so each process costs seconds: the scenarios are kept to the ones that differ.
 """
 

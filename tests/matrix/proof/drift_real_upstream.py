@@ -31,7 +31,7 @@ from pathlib import Path
 PROBE = r"""
 import json, sys
 import patchkit
-from patchkit.errors import DriftError
+from patchkit.runtime.errors import DriftError
 try:
     (status,) = patchkit.apply(sys.argv[1], import_targets=True, strict=sys.argv[2] == "strict")
     print(json.dumps({"state": status.state.value, "reason": status.reason and status.reason.value,
@@ -43,8 +43,8 @@ except DriftError as exc:
 
 def _target(patch_id: str) -> tuple[str, list[str]]:
     import patchkit
-    from patchkit.declaration import Replace, Target, Wrap
-    from patchkit.versions import installed_version, select_variant
+    from patchkit.runtime.declaration import Replace, Target, Wrap
+    from patchkit.runtime.versions import installed_version, select_variant
 
     patch = patchkit.engine().patch(patch_id)
     found = {d: installed_version(d, patch.version_modules.get(d)) for d in patch.distributions}
@@ -57,7 +57,7 @@ def _target(patch_id: str) -> tuple[str, list[str]]:
 
 
 def _edit(path: Path, qualname: list[str], docstring_only: bool) -> None:
-    from patchkit.fingerprint import locate
+    from patchkit.runtime.fingerprint import locate
 
     source = path.read_text()
     node = locate(ast.parse(source), qualname)

@@ -95,7 +95,7 @@ class Engine:
     def __init__(self, patches: Iterable[Registered] = (), catalogue_errors: Iterable[CatalogueError] = (),
                  matrix: "MatrixSource" = None) -> None:
         self._lock = threading.RLock()
-        #: Where drift fingerprints come from (see patchkit.drift.MatrixSource); read on first install.
+        #: Where drift fingerprints come from (see patchkit.runtime.drift.MatrixSource); read on first install.
         self._matrix = matrix
         self._entries: dict[str, _Entry] = {}
         self._catalogue_errors = tuple(catalogue_errors)

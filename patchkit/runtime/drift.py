@@ -1,7 +1,7 @@
 """Drift: upstream changed the code a patch replaces, compared with what the matrix recorded.
 
 When a variant is about to install, each of its ``Replace``/``Wrap`` targets is fingerprinted
-(:mod:`patchkit.fingerprint`) and compared with the fingerprints ``compat_matrix.yaml`` recorded
+(:mod:`patchkit.runtime.fingerprint`) and compared with the fingerprints ``compat_matrix.yaml`` recorded
 for that variant on the versions in its range. A target matching none of them is drifted: the
 patch was verified against other code than what is installed now. A target with no recorded
 fingerprint, or without readable source, is unknown, never drifted.
@@ -22,7 +22,7 @@ from .errors import PatchkitError
 logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # the matrix package is imported only when something installs
-    from .matrix.model import Matrix
+    from ..matrix.model import Matrix
 
 #: Where the engine reads fingerprints from: a path to a matrix file, a loaded matrix, or None for
 #: the matrix shipped with patchkit.
@@ -47,8 +47,8 @@ class Drift:
 
 
 def _matrix(source: MatrixSource, strict: bool) -> "Matrix | None":
-    from .matrix import loader
-    from .matrix.model import Matrix
+    from ..matrix import loader
+    from ..matrix.model import Matrix
 
     if isinstance(source, Matrix):
         return source
@@ -96,7 +96,7 @@ def check(patch_id: str, variant: Variant, source: MatrixSource = None, strict: 
     matrix = _matrix(source, strict)
     if matrix is None:
         return None
-    from .matrix.model import VERIFIED
+    from ..matrix.model import VERIFIED
 
     every_record = matrix.records(patch_id, variant.name)
     records = [r for r in every_record if r.status == VERIFIED and r.targets and _in_range(variant, r.versions)]

@@ -20,9 +20,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from . import catalogue, settings
-from .errors import ConfigError, DeclarationError, PatchkitError
-from .status import Reason, State
+from ..runtime import catalogue, settings
+from ..runtime.errors import ConfigError, DeclarationError, PatchkitError
+from ..runtime.status import Reason, State
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ def register_extra_patches(environ: Mapping[str, str] | None = None) -> tuple[tu
     the module's package, as for the catalogue. A module that fails is reported and skipped; the
     others still register. Returns the module names and the problems met.
     """
-    from . import engine as default_engine  # the function: it shadows the module of that name
+    from .. import engine as default_engine
 
     env = os.environ if environ is None else environ
     modules = settings.parse_modules(settings.EXTRA_PATCHES, env.get(settings.EXTRA_PATCHES, ""))
@@ -105,7 +105,7 @@ def load(environ: Mapping[str, str] | None = None, *, strict: bool | None = None
     raises (``AutoloadError``, or the engine's own typed error); otherwise it is in the outcome.
     """
     global _outcome
-    from . import engine as default_engine  # the function: it shadows the module of that name
+    from .. import engine as default_engine
 
     with _lock:
         if _outcome is not None and _outcome.ran:

@@ -58,7 +58,7 @@ def gather(actors: Iterable[Any], *, method: str = MANIFEST_METHOD, include_driv
 
 def check_actors(actors: Iterable[Any], *, method: str = MANIFEST_METHOD, include_driver: bool = True,
                  **options: Any) -> "Report":
-    """``patchkit.consistency.check`` over the driver and these actors; ``options`` as for ``check``."""
+    """``patchkit.processes.consistency.check`` over the driver and these actors; ``options`` as for ``check``."""
     from .consistency import check
 
     return check(gather(actors, method=method, include_driver=include_driver), **options)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from .status import PatchStatus
+from ..runtime.status import PatchStatus
 
 SCHEMA = 1
 
@@ -71,7 +71,7 @@ class Manifest:
 
     entries: tuple[Entry, ...]
     process: Mapping[str, Any] = field(default_factory=dict)
-    #: What autoload did here (``patchkit.autoload.Outcome.to_dict()``), None if not asked to run.
+    #: What autoload did here (``patchkit.processes.autoload.Outcome.to_dict()``), None if not asked to run.
     autoload: Mapping[str, Any] | None = None
 
     @property
@@ -120,8 +120,8 @@ def collect(records: Iterable[PatchStatus] | None = None, *, rank: int | None = 
     ``rank`` defaults to the ``torch.distributed`` rank when a process group is initialised (torch
     already imported), else to the ``RANK`` environment variable launchers set, else None.
     """
+    from .. import engine as default_engine
     from . import autoload
-    from . import engine as default_engine  # the function: it shadows the module of that name
 
     outcome = autoload.outcome()
     if records is None:
@@ -131,7 +131,7 @@ def collect(records: Iterable[PatchStatus] | None = None, *, rank: int | None = 
 
 
 def _process(rank: int | None) -> dict[str, Any]:
-    from . import __version__
+    from .. import __version__
 
     return {
         "rank": rank if rank is not None else _detected_rank(),

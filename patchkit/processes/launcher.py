@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from . import settings
+from ..runtime import settings
 from .autoload import ACTIVE_MARKER
 
 logger = logging.getLogger(__name__)

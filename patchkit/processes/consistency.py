@@ -6,7 +6,7 @@ process group), from files (:func:`check_files`), or from anywhere as :class:`Ma
 reference (ties go to the lowest-numbered process, so rank 0 in a two-rank job); every process
 holding something else is named, with each field that differs.
 
-``python -m patchkit.consistency DIR_OR_FILES...`` checks manifest files and exits 1 on a mismatch.
+``python -m patchkit.processes.consistency DIR_OR_FILES...`` checks manifest files and exits 1 on a mismatch.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from . import settings
-from .errors import ConfigError, PatchkitError
+from ..runtime import settings
+from ..runtime.errors import ConfigError, PatchkitError
 from .manifest import COMPARED_FIELDS, Manifest, collect
 
 logger = logging.getLogger(__name__)
@@ -193,7 +193,7 @@ def check_distributed(*, group: Any = None, strict: bool | None = None, exact: b
 
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError("check_distributed needs an initialised torch.distributed process group; "
-                           "without one, gather manifests yourself and call patchkit.consistency.check")
+                           "without one, gather manifests yourself and call patchkit.processes.consistency.check")
     mine = manifest if manifest is not None else collect(rank=dist.get_rank())
     gathered: list[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(gathered, mine.to_dict(), group=group)
@@ -225,7 +225,8 @@ def _strict(explicit: bool | None) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m patchkit.consistency", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m patchkit.processes.consistency",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("paths", nargs="+", help="manifest JSON files, or folders of them")
     parser.add_argument("--exact", action="store_true", help="'pending' differs from 'applied'")
     parser.add_argument("--report", help="also write the report here as JSON")
