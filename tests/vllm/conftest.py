@@ -8,6 +8,8 @@ layers read the model dtype from it; no weights or tokenizer are involved).
 
 Harness redirects (test-only, nothing else of vLLM is replaced):
 
+- vLLM 0.24 only: the CPU platform is selected explicitly (``_select_cpu_platform``).
+
 - ``vllm.model_executor.kernels.linear._POSSIBLE_NVFP4_KERNELS[PlatformEnum.CPU]`` is set to
   ``[EmulationNvFp4LinearKernel]``. Upstream lists the emulation kernel (a dequantise-then-matmul
   written in torch) only for CUDA and ROCm, so on CPU ``init_nvfp4_linear_kernel`` finds no kernel.
@@ -33,6 +35,23 @@ from collections.abc import Iterator  # noqa: E402
 import pytest  # noqa: E402
 
 pytest.importorskip("vllm")
+
+
+def _select_cpu_platform() -> None:
+    """vLLM 0.24 detects its CPU platform only from a ``+cpu`` version suffix (its CPU wheels), not
+    from ``VLLM_TARGET_DEVICE``; the PyPI (CUDA) wheel on a machine without CUDA resolves to
+    ``UnspecifiedPlatform``. Resolution happens once, during ``import vllm``, and no module keeps its
+    own reference (they import ``current_platform`` inside functions), so the CPU platform is set in
+    its place. Later releases select CPU themselves and are left alone."""
+    import vllm.platforms as platforms
+
+    if not torch.cuda.is_available() and not platforms.current_platform.device_type:
+        from vllm.platforms.cpu import CpuPlatform
+
+        platforms._current_platform = CpuPlatform()
+
+
+_select_cpu_platform()
 
 
 def _free_port() -> int:
