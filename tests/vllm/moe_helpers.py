@@ -16,12 +16,13 @@ from nvfp4_helpers import dequantize, items, process_weights_after_loading, rand
 EXPERTS, HIDDEN, INTERMEDIATE = 4, 64, 32
 
 
-def checkpoint(seed: int, weight_scale_2: float, input_scale: float) -> dict[str, torch.Tensor]:
+def checkpoint(seed: int, weight_scale_2: float, input_scale: float, experts: int = EXPERTS, hidden: int = HIDDEN,
+               intermediate: int = INTERMEDIATE) -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
     weights = {}
-    for expert in range(EXPERTS):
-        for proj, shape in (("gate_proj", (INTERMEDIATE, HIDDEN)), ("up_proj", (INTERMEDIATE, HIDDEN)),
-                            ("down_proj", (HIDDEN, INTERMEDIATE))):
+    for expert in range(experts):
+        for proj, shape in (("gate_proj", (intermediate, hidden)), ("up_proj", (intermediate, hidden)),
+                            ("down_proj", (hidden, intermediate))):
             weight, weight_scale = random_nvfp4(generator, *shape)
             name = f"experts.{expert}.{proj}"
             weights[f"{name}.weight"] = weight
@@ -39,16 +40,18 @@ _model_numbers = itertools.count()
 
 
 class MoEModel(torch.nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, experts: int = EXPERTS, hidden: int = HIDDEN, intermediate: int = INTERMEDIATE,
+                 params_dtype: torch.dtype = torch.float32) -> None:
         from vllm.model_executor.layers import fused_moe
         from vllm.model_executor.layers.quantization.modelopt import ModelOptNvFp4Config
 
         super().__init__()
+        self.num_experts = experts
         # The factory is ``FusedMoE`` (a function) on 0.24 and ``FusedMoEFactory`` later.
         factory = getattr(fused_moe, "FusedMoEFactory", None) or fused_moe.FusedMoE
         self.experts = factory(
-            num_experts=EXPERTS, top_k=2, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE,
-            params_dtype=torch.float32, quant_config=ModelOptNvFp4Config("NVFP4", True, None, [], 16),
+            num_experts=experts, top_k=2, hidden_size=hidden, intermediate_size=intermediate,
+            params_dtype=params_dtype, quant_config=ModelOptNvFp4Config("NVFP4", True, None, [], 16),
             prefix=f"model{next(_model_numbers)}.experts", tp_size=1, dp_size=1, pcp_size=1,
         )
 
@@ -69,7 +72,7 @@ def load_experts_by_mapping(model: torch.nn.Module, weights) -> set[str]:
     names to the fused parameters itself (as ``Qwen3MoeModel.load_weights`` does)."""
     from vllm.model_executor.layers.fused_moe.layer import fused_moe_make_expert_params_mapping
 
-    mapping = fused_moe_make_expert_params_mapping(model, "gate_proj", "down_proj", "up_proj", EXPERTS)
+    mapping = fused_moe_make_expert_params_mapping(model, "gate_proj", "down_proj", "up_proj", model.num_experts)
     params = dict(model.named_parameters())  # read now: a prepared refit has staged new ones
     loaded = set()
     for name, weight in weights:
