@@ -38,14 +38,17 @@ class ModelOptPluginError(QATConfigError):
     def __init__(self, plugin: str, cause: BaseException, unregistered: Sequence[str]) -> None:
         self.plugin = plugin
         self.cause = cause
+        self.asked = plugin
+        self.available = tuple(unregistered)
         self.missing_module: str | None = getattr(cause, "name", None) if isinstance(cause, ImportError) else None
-        what = f"module {self.missing_module!r} is not installed" if self.missing_module else "its import failed"
-        super().__init__(
-            f"ModelOpt's plugin {plugin} failed to load ({what}: {cause!r}), so ModelOpt registers none of "
-            "these layers and QAT would quantize nothing; install what the plugin imports (for ModelOpt "
-            "0.48's Megatron plugin: TransformerEngine) or use a ModelOpt release whose plugin imports without it. "
-            "Layer types left unregistered",
-            plugin, unregistered, "unregistered layer types",
+        why = f"module {self.missing_module!r} is not installed" if self.missing_module else "its import failed"
+        PatchkitError.__init__(
+            self,
+            f"ModelOpt's Megatron plugin ({plugin}) failed to load: {why} ({type(cause).__name__}: {cause}). "
+            f"ModelOpt swallows that error, so it registers none of the model's Megatron layers "
+            f"({_shown(self.available)}) and QAT would quantize nothing. Install what the plugin imports "
+            "(ModelOpt 0.48's plugin imports TransformerEngine unconditionally) or use a ModelOpt release "
+            "whose plugin loads here (0.47 and older import TransformerEngine only if it is installed)",
         )
 
 
