@@ -1,6 +1,6 @@
 """Test environments, one per upstream version set, generated from compat_matrix.yaml.
 
-    nox -s demo          install the real upstreams, apply the patches, print the status
+    nox -s demo          install the real upstreams, apply the patches, run `patchkit doctor` on them
     nox -t ci            the representative subset CI runs (entries marked `ci: true`)
     nox -l               every environment; `nox -s tests-<name>` runs one
 
@@ -58,10 +58,10 @@ def _expose_pyenv_interpreters() -> None:
 
 _expose_pyenv_interpreters()
 
-#: The main job's upstreams: what a Megatron + ModelOpt trainer has installed.
+#: The main job's upstreams: what a Megatron + ModelOpt trainer has installed today (Python 3.12).
+DEMO_PYTHON = "3.12"
 DEMO_INSTALL = [
-    ["torch==2.13.0"],
-    ["megatron-core==0.16.1", "nvidia-modelopt==0.47.0", "requests", "huggingface_hub"],
+    ["torch==2.11.0", "megatron-core==0.19.2", "nvidia-modelopt==0.47.0", "requests", "huggingface_hub"],
 ]
 
 
@@ -135,11 +135,12 @@ def summary(session: nox.Session) -> None:
         session.error("tests failed or none ran")
 
 
-@nox.session
+@nox.session(python=DEMO_PYTHON)
 def demo(session: nox.Session) -> None:
-    """The main job: install patchkit with the real upstreams, apply every patch, print the status."""
+    """The main job: install patchkit with the real upstreams, apply every patch, prove each one here."""
     _install_environment(session, {"install": DEMO_INSTALL})
     session.run("patchkit", "status")
+    session.run("patchkit", "doctor", *session.posargs)
 
 
 @nox.session
