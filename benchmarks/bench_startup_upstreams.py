@@ -70,8 +70,10 @@ def in_process(runs: int) -> None:
                 out = subprocess.run([sys.executable, "-c", IN_PROCESS], check=True, env=env, capture_output=True,
                                      text=True).stdout.split()
                 times.append(float(out[0]))
-            sys.stdout.write(f"in process, megatron-core imported, {label}: apply_all() median {statistics.median(times):.1f}"
-                             f" ms of {n} (min {min(times):.1f}, max {max(times):.1f}); {out[1] if len(out) > 1 else ''}\n")
+            applied = out[1] if len(out) > 1 else ""
+            sys.stdout.write(f"in process, megatron-core imported, {label}: apply_all() median "
+                             f"{statistics.median(times):.1f} ms of {n} (min {min(times):.1f}, max {max(times):.1f}); "
+                             f"{applied}\n")
 
 
 def main() -> None:
