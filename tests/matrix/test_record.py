@@ -125,7 +125,8 @@ def test_drift_and_code_identity_at_run_time_import_no_tooling_and_no_yaml() -> 
         "import sys, patchkit\n"
         "from patchkit.runtime import drift\n"
         "from patchkit.runtime.declaration import Variant, Replace\n"
-        "v = Variant({'megatron-core': '>=0.14,<0.20'}, (Replace('megatron.core.transformer.moe.router:"
+        # a real record's variant name, with a target no upstream has: nothing upstream gets imported
+        "v = Variant({'megatron-core': '>=0.14,<0.20'}, (Replace('patchkit_absent_module:"
         "RouterReplay.get_replay_topk', len),), label='megatron-core>=0.14,<0.20')\n"
         "drift.check('megatron.router_replay_validation', v)\n"
         "drift.identity_blocker('megatron.router_replay_validation', v)\n"
