@@ -15,9 +15,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from nvfp4_helpers import items, linear_checkpoint, process_weights_after_loading
+from nvfp4_helpers import (
+    assert_same_kernel_state,
+    bits,
+    dummy_started,
+    items,
+    kernel_state,
+    linear_checkpoint,
+    process_weights_after_loading,
+)
 from patchkit.patches.vllm.refit import RefitError, refit_weights
-from test_dummy_start_refit import assert_same_kernel_state, bits, dummy_started, kernel_state
 
 GATHER_BUFFERS = ("_nvfp4_weight_for_gather", "_nvfp4_weight_scale_for_gather", "_nvfp4_weight_global_scale_for_gather")
 
