@@ -20,6 +20,7 @@ from .runtime.errors import (
     ConfigError,
     DeclarationError,
     DriftError,
+    ForceRefusedError,
     ForeignWrapperError,
     PatchInstallError,
     PatchkitError,
@@ -35,10 +36,10 @@ from .runtime.status import PatchStatus, Reason, State
 __version__ = "0.1.0"
 
 __all__ = [
-    "Add", "Call", "ConfigError", "DeclarationError", "DriftError", "Engine", "ForeignWrapperError", "Patch",
-    "PatchInstallError", "PatchStatus", "PatchkitError", "PatchkitWarning", "Reason", "Registered", "Replace",
-    "RevertError", "State", "Target", "TargetResolutionError", "UndoError", "UnknownPatchError",
-    "UnsupportedVersionError", "Variant", "Wrap",
+    "Add", "Call", "ConfigError", "DeclarationError", "DriftError", "Engine", "ForceRefusedError",
+    "ForeignWrapperError", "Patch", "PatchInstallError", "PatchStatus", "PatchkitError", "PatchkitWarning", "Reason",
+    "Registered", "Replace", "RevertError", "State", "Target", "TargetResolutionError", "UndoError",
+    "UnknownPatchError", "UnsupportedVersionError", "Variant", "Wrap",
     "apply", "apply_all", "applied", "engine", "probing", "register_extra_patches", "revert", "revert_all", "status",
 ]
 

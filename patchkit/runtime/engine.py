@@ -35,6 +35,7 @@ import warnings
 import weakref
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
+from . import gating
 from . import settings as settings_module
 from .catalogue import CatalogueError, Registered
 from .declaration import Patch, Variant, validate
@@ -42,6 +43,7 @@ from .errors import (
     ConfigError,
     DeclarationError,
     DriftError,
+    ForceRefusedError,
     ForeignWrapperError,
     PatchInstallError,
     PatchkitWarning,
@@ -125,6 +127,8 @@ class _Job(NamedTuple):
     variant: Variant
     forced: bool
     unsupported_detail: str
+    #: Set when the variant applies past its range because its code is identical (code-identity gating).
+    identical: str | None = None
 
 
 class _Work:
@@ -196,6 +200,15 @@ class Engine:
     def patch(self, patch_id: str) -> Patch:
         with self._lock:
             return self._entry(patch_id, "patch id").patch
+
+    def installed_actions(self, patch_id: str) -> tuple[Installed | Registration, ...]:
+        """What a patch installed in this process (empty unless it is applied), newest last."""
+        with self._lock:
+            return tuple(self._entry(patch_id, "patch id").installed)
+
+    def package(self, patch_id: str) -> str | None:
+        """The package a patch's relative references (actions, self-check) resolve against."""
+        return self._entry(patch_id, "patch id").registered.package
 
     def _entry(self, patch_id: str, variable: str) -> _Entry:
         entry = self._entries.get(patch_id)
@@ -349,7 +362,7 @@ class Engine:
         try:
             self._advance(entry, work, just_imported)
         except Exception as exc:
-            if not isinstance(exc, UnsupportedVersionError):  # that one recorded its own skip
+            if not isinstance(exc, (UnsupportedVersionError, ForceRefusedError)):  # these recorded their skip
                 self._fail(entry, context, exc)
             if entry.settings.strict:
                 raise
@@ -380,15 +393,45 @@ class Engine:
         if selection.outcome is Outcome.DEFERRED:
             self._wait(entry, selection.waiting_for, selection.detail, work)
             return
+        forced_native = gating.native_refusal(patch, found, selection) if entry.settings.is_forced(patch.id) else None
+        if forced_native is not None:
+            refused = ForceRefusedError(patch.id, entry.versions, forced_native.name,
+                                        forced_native.native or "native")
+            entry.variant = forced_native
+            entry.set(State.SKIPPED, Reason.NATIVE, forced_native.native or "native", error=str(refused))
+            if entry.settings.strict:
+                raise refused
+            logger.error("patchkit: %s", refused)
+            return
+        identical = None
         if selection.outcome is Outcome.UNSUPPORTED:
-            if not (entry.settings.is_forced(patch.id) and selection.nearest is not None):
-                entry.set(State.SKIPPED, Reason.UNSUPPORTED_VERSION, selection.detail)
-                if entry.settings.strict:
-                    raise UnsupportedVersionError(patch.id, entry.versions, (v.name for v in patch.variants))
-                logger.warning("patchkit: %s skipped: %s", patch.id, selection.detail)
+            nearest = selection.nearest
+            if entry.settings.is_forced(patch.id) and nearest is not None:
+                forced = True
+                entry.variant = nearest
+            elif nearest is not None and gating.identity_applies(patch, found, selection):
+                # A release past every range: the nearest variant applies if its code is identical,
+                # which can be read only once its modules are imported (patchkit never imports them).
+                blocker = gating.identity_blocker(patch, nearest, self._matrix, entry.settings.strict)
+                if blocker is not None:
+                    self._unsupported(entry, f"{selection.detail}; not code-identical: {blocker}", blocker)
+                    return
+                missing = tuple(m for m in nearest.modules if m != just_imported and not _imported(m))
+                if missing:
+                    self._wait(entry, missing, f"{selection.detail}; its code is compared with variant "
+                                               f"{nearest.name} once {', '.join(missing)} is imported", work)
+                    return
+                identity = gating.identity(patch, nearest, self._matrix, entry.settings.strict)
+                if not identity.identical:
+                    self._unsupported(entry, f"{selection.detail}; not code-identical: {identity.detail}",
+                                      identity.detail)
+                    return
+                identical = (f"code identical: {selection.detail}, but every target of variant {nearest.name} "
+                             f"is code it was verified on: {identity.detail}")
+                entry.variant = nearest
+            else:
+                self._unsupported(entry, selection.detail)
                 return
-            forced = True
-            entry.variant = selection.nearest
         else:
             entry.variant = selection.variant
         variant = entry.variant
@@ -402,7 +445,16 @@ class Engine:
             self._wait(entry, missing, f"waiting for {', '.join(missing)} to be imported", work)
             return
         entry.ticket = _Ticket()
-        work.jobs.append(_Job(entry, entry.ticket, variant, forced, selection.detail))
+        work.jobs.append(_Job(entry, entry.ticket, variant, forced, selection.detail, identical))
+
+    def _unsupported(self, entry: _Entry, detail: str, identity_detail: str = "") -> None:
+        """Record the skip first: strict mode raises, and the status must already say why."""
+        patch = entry.patch
+        entry.set(State.SKIPPED, Reason.UNSUPPORTED_VERSION, detail)
+        if entry.settings.strict:
+            raise UnsupportedVersionError(patch.id, entry.versions, (v.name for v in patch.variants),
+                                          detail=identity_detail)
+        logger.warning("patchkit: %s skipped: %s", patch.id, detail)
 
     def _carry_out_all(self, work: _Work) -> None:
         """Do what a locked pass decided, without the lock; raise the first strict-mode error after
@@ -422,8 +474,9 @@ class Engine:
         """Install one claimed patch: imports and drift without the lock, attributes under it."""
         entry, variant, patch = job.entry, job.variant, job.entry.patch
         try:
-            # A forced variant is already outside its verified range; drift would only say so again.
-            drift = None if job.forced else self._drift(entry, variant)
+            # A forced variant is already outside its verified range; drift would only say so again. A
+            # code-identical one was just compared with every record.
+            drift = None if job.forced or job.identical else self._drift(entry, variant)
             prepared = prepare_all(patch.id, variant.installs, entry.registered.package)
         except Exception as exc:
             with self._lock:
@@ -438,7 +491,7 @@ class Engine:
             if entry.ticket is not job.ticket:
                 return  # reverted or re-decided meanwhile
             entry.ticket = None
-            self._install(entry, variant, prepared, job.forced, job.unsupported_detail, drift)
+            self._install(entry, variant, prepared, job.forced, job.unsupported_detail, drift, job.identical)
 
     def _install_failed(self, entry: _Entry, variant: Variant, exc: Exception) -> None:
         """Record why ``variant`` did not install (under the lock); the caller raises if strict."""
@@ -458,7 +511,7 @@ class Engine:
             self._fail(entry, f"variant {variant.name}", exc)
 
     def _install(self, entry: _Entry, variant: Variant, prepared: list[Prepared], forced: bool,
-                 unsupported_detail: str, drift: "Drift | None") -> None:
+                 unsupported_detail: str, drift: "Drift | None", identical: str | None = None) -> None:
         patch = entry.patch
         try:
             entry.installed = install_all(patch.id, prepared)
@@ -471,6 +524,9 @@ class Engine:
             entry.set(State.FORCED, Reason.UNSUPPORTED_VERSION, f"forced: {unsupported_detail}")
             logger.warning("patchkit: %s applied by force (variant %s): %s", patch.id, variant.name,
                            unsupported_detail)
+        elif identical is not None:
+            entry.set(State.APPLIED, Reason.CODE_IDENTICAL, identical)
+            logger.warning("patchkit: %s applied (variant %s): %s", patch.id, variant.name, identical)
         elif drift is not None:
             entry.set(State.APPLIED, Reason.DRIFTED, drift.detail)
             logger.warning("patchkit: %s applied (variant %s), but %s", patch.id, variant.name, drift.detail)
@@ -596,16 +652,14 @@ def warn(message: str) -> None:
 
 
 # -- post-import hooks ----------------------------------------------------------------------------
-# wrapt hooks fire once and cannot be unregistered, so at most one is armed per module name; it
-# dispatches to whichever engines are alive, and each engine ignores modules it no longer waits for.
-# A module whose import is already in flight when a patch starts waiting for it gets no wrapt hook
-# (wrapt would fire at once, on the half-executed module): its spec is watched instead, see
-# _arm_in_flight.
+# Post-import hooks (patchkit.runtime.hooks) fire once and cannot be unregistered, so at most one
+# is armed per module name; it dispatches to whichever engines are alive, and each engine ignores
+# modules it no longer waits for. A module whose import is in flight (in any thread, this one
+# included) is hooked too: the hook runs when that import finishes.
 
 _ENGINES: "weakref.WeakSet[Engine]" = weakref.WeakSet()
 _ARMED: set[str] = set()
 _WATCH_LOCK = threading.RLock()
-_REGISTERING = threading.local()  # the module whose wrapt hook this thread is registering
 
 
 def _imported(module: str) -> bool:
@@ -617,108 +671,29 @@ def _imported(module: str) -> bool:
 
 def _watch(module: str) -> None:
     """Call :func:`_dispatch` for ``module`` once it has finished importing: now if it has, when its
-    import in flight (in any thread, this one included) completes, or at its first import.
-    Never called with an engine lock held (see the module docstring)."""
-    finished_spec = None
+    import in flight completes, or at its first import. Never called with an engine lock held."""
     with _WATCH_LOCK:
         if module in _ARMED:
             return
-        found = sys.modules.get(module)
-        if found is None:
+        waiting = not _imported(module)
+        if waiting:
             _ARMED.add(module)
-        elif not _imported(module):
-            armed, finished_spec = _arm_in_flight(module, found)
-            if not armed:
-                logger.warning("patchkit: %s is being imported and its spec cannot be watched; patches waiting "
-                               "for it install at the next import they wait for, or with import_targets()",
-                               module)
-                return
-            if finished_spec is None:
-                return
-    if finished_spec is not None:
-        _in_flight_done(finished_spec)
-        return
-    if found is not None:
+    if not waiting:
         _dispatch(module)
         return
-    import wrapt  # imported only once some patch waits for an import: it costs ~10 ms
+    from . import hooks
 
-    _REGISTERING.module = module
-    try:
-        # wrapt calls the hook at once if the module got imported meanwhile: see _on_import.
-        wrapt.register_post_import_hook(_on_import, module)
-    finally:
-        _REGISTERING.module = None
+    hooks.register(module, _on_import)  # runs it at once if the import finished meanwhile
+    if _imported(module):
+        # The import in flight ended between our look and the hook's arming: it will not fire.
+        # Dispatching twice is harmless (an engine ignores modules it no longer waits for).
+        _on_import(sys.modules[module])
 
 
 def _on_import(module: Any) -> None:
-    name = module.__name__
     with _WATCH_LOCK:
-        _ARMED.discard(name)
-    if getattr(_REGISTERING, "module", None) == name and not _imported(name):
-        # wrapt fired at registration because the import began meanwhile, in some thread; it has
-        # not finished: wait for it to finish instead of installing into a half-executed module.
-        _watch(name)
-        return
-    _dispatch(name)
-
-
-_WATCHED_SPECS: dict[type, type] = {}
-
-
-def _watched_class(base: type) -> type:
-    """A subclass of the spec's class whose ``_initializing`` flag reports being cleared.
-
-    ``importlib._bootstrap._load_unlocked`` sets ``spec._initializing = False`` in a ``finally``
-    once the module's code has run (Python 3.10 to 3.13): the one event that marks the end of an
-    import already under way, in whichever thread runs it.
-    """
-    watched = _WATCHED_SPECS.get(base)
-    if watched is None:
-        def getter(spec: Any) -> Any:
-            return spec.__dict__.get("_initializing", False)
-
-        def setter(spec: Any, value: Any) -> None:
-            spec.__dict__["_initializing"] = value
-            if not value:
-                _in_flight_done(spec)
-
-        watched = type(f"Watched{base.__name__}", (base,), {
-            "_initializing": property(getter, setter), "_patchkit_base": base, "__module__": __name__,
-        })
-        _WATCHED_SPECS[base] = watched
-    return watched
-
-
-def _arm_in_flight(name: str, module: Any) -> tuple[bool, Any]:
-    """Watch ``module``'s spec for the end of its import; called with _WATCH_LOCK held.
-
-    Returns whether it is watched, and the spec if its import finished before the watch was in
-    place (no setter will run then: the caller finishes the work once it released the lock).
-    """
-    spec = getattr(module, "__spec__", None)
-    if spec is None or getattr(spec, "name", None) != name or not hasattr(spec, "__dict__"):
-        return False, None
-    if getattr(type(spec), "_patchkit_base", None) is None:
-        try:
-            spec.__class__ = _watched_class(type(spec))
-        except TypeError:  # a spec class with another layout
-            return False, None
-    _ARMED.add(name)
-    return True, (spec if not spec.__dict__.get("_initializing", False) else None)
-
-
-def _in_flight_done(spec: Any) -> None:
-    with _WATCH_LOCK:
-        base = getattr(type(spec), "_patchkit_base", None)
-        if base is None:
-            return  # already handled
-        spec.__class__ = base
-        _ARMED.discard(spec.name)
-    if _imported(spec.name):
-        _dispatch(spec.name)
-    else:  # the import failed and left sys.modules: wait for the next attempt
-        _watch(spec.name)
+        _ARMED.discard(module.__name__)
+    _dispatch(module.__name__)
 
 
 def _dispatch(module: str) -> None:
@@ -753,6 +728,9 @@ def _after_fork_in_child() -> None:
     # Only the forking thread exists here: fresh locks, and no claim of a vanished thread stands.
     global _WATCH_LOCK
     _WATCH_LOCK = threading.RLock()
+    hooks: Any = sys.modules.get(f"{__package__}.hooks")
+    if hooks is not None:  # the hook registry's lock, held briefly by register() in any thread
+        hooks._lock = threading.RLock()
     me = threading.get_ident()
     for engine in list(_ENGINES):
         engine._lock = threading.RLock()

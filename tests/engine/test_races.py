@@ -54,8 +54,9 @@ sync.during_import()
 
 
 def _toy_patch(up) -> Patch:
+    action = Replace(up.target("Model.forward"), forward)
     return Patch(id="toy.forward", summary="s", why="w", upstream="u", removal="r",
-                 variants=(Variant(requires={up.dist: ">=1"}, installs=(Replace(up.target("Model.forward"), forward),)),))
+                 variants=(Variant(requires={up.dist: ">=1"}, installs=(action,)),))
 
 
 def _rewrite(up, core: str) -> None:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
-
 import json
 import os
 import subprocess
 import sys
+
+import pytest
 
 from patchkit import ConfigError, Patch, PatchkitWarning, Reason, Replace, State, UnknownPatchError, Variant
 from patchkit.runtime import settings
