@@ -21,16 +21,19 @@ from patchkit import Call, Patch, Variant
 from ._qat_errors import QATConfigError
 
 if TYPE_CHECKING:
+    from ._export_config import export_qat_config
+    from ._export_errors import QATExportError
     from ._qat_apply import apply_qat
     from ._qat_config import SUPPORTED_MODES, build_qat_config
+    from ._qat_export import export_implementation, export_qat_weights
     from ._qat_names import hf_patterns_to_megatron
 
 #: Name under which the CPU backend is registered with ModelOpt.
 CPU_BACKEND_NAME = "patchkit_nvfp4_cpu"
 
 __all__ = [
-    "CPU_BACKEND_NAME", "PATCHES", "QATConfigError", "SUPPORTED_MODES", "apply_qat", "build_qat_config",
-    "hf_patterns_to_megatron",
+    "CPU_BACKEND_NAME", "PATCHES", "QATConfigError", "QATExportError", "SUPPORTED_MODES", "apply_qat",
+    "build_qat_config", "export_implementation", "export_qat_config", "export_qat_weights", "hf_patterns_to_megatron",
 ]
 
 _LAZY = {
@@ -38,6 +41,11 @@ _LAZY = {
     "build_qat_config": "._qat_config",
     "SUPPORTED_MODES": "._qat_config",
     "hf_patterns_to_megatron": "._qat_names",
+    # NVFP4 checkpoint export of the QAT model (docs/qat-export.md)
+    "export_qat_weights": "._qat_export",
+    "export_implementation": "._qat_export",
+    "export_qat_config": "._export_config",
+    "QATExportError": "._export_errors",
 }
 
 
