@@ -30,6 +30,7 @@ from torch import nn
 
 from ._export_errors import QATExportError
 from ._export_names import export_order_key, global_names
+from ._fused_experts import fuse_experts
 from ._nvfp4_pack import quantize_nvfp4
 from ._nvfp4_pack import weight_scale_2 as _scale_2
 
@@ -321,10 +322,16 @@ def _bridge_export(chunks: list[nn.Module], bridge: Any) -> Iterator[tuple[str, 
         mapping = registry.megatron_to_hf_lookup(megatron_name)
         for hf_name in _hf_names(mapping):
             quantized[hf_name] = spec
-    for hf_name, tensor in bridge.export_hf_weights(chunks, cpu=False, show_progress=False):
-        if "_quantizer." in hf_name:
-            continue
-        yield from checkpoint_tensors(hf_name, tensor, quantized.get(hf_name))
+    # Quantizer buffers have no mapping; Bridge 0.5+ lists them as ``None`` tasks, which its plain
+    # export does not skip (its ModelOpt export filters them the same way).
+    tasks = [task for task in _model_bridge(bridge).build_conversion_tasks(bridge.hf_pretrained, chunks) if task]
+    stream = (
+        (hf_name, tensor, quantized.get(hf_name))
+        for hf_name, tensor in bridge.export_hf_weights(chunks, cpu=False, show_progress=False, conversion_tasks=tasks)
+        if "_quantizer." not in hf_name
+    )
+    num_experts = int(getattr(chunks[0].config, "num_moe_experts", None) or 0)
+    yield from fuse_experts(stream, num_experts, checkpoint_tensors)
 
 
 # --- public -------------------------------------------------------------------------------------
