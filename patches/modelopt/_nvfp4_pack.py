@@ -36,15 +36,22 @@ def weight_scale_2(amax: torch.Tensor) -> torch.Tensor:
 def _codes(scaled: torch.Tensor) -> torch.Tensor:
     """E2M1 codes (uint8, sign in bit 3) of already-scaled float32 values; ModelOpt's ``_cast_fp4`` rules."""
     magnitude = scaled.abs()
-    # Index of the first boundary >= |x| (searchsorted, left side) counts the boundaries strictly
-    # below, i.e. ties go down; the three odd boundaries round up instead, as ModelOpt does.
-    code = (
-        (magnitude > 0.25).to(torch.uint8) + (magnitude > 0.75) + (magnitude > 1.25) + (magnitude > 1.75)
-        + (magnitude > 2.5) + (magnitude > 3.5) + (magnitude > 5.0)
-    ).to(torch.uint8)
+    # bucketize (left) counts the boundaries strictly below |x|, so ties go down, as ModelOpt's
+    # searchsorted does; at the three odd boundaries ModelOpt rounds up instead.
+    code = torch.bucketize(magnitude, _bounds(magnitude.device), out_int32=True).to(torch.uint8)
     code += ((magnitude == 0.75) | (magnitude == 1.75) | (magnitude == 3.5)).to(torch.uint8)
     code |= (scaled < 0).to(torch.uint8) << 3
     return code
+
+
+_BOUNDS: dict[torch.device, torch.Tensor] = {}
+
+
+def _bounds(device: torch.device) -> torch.Tensor:
+    """Decision boundaries between the E2M1 magnitudes, one tensor per device."""
+    if device not in _BOUNDS:
+        _BOUNDS[device] = torch.tensor((0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0), dtype=torch.float32, device=device)
+    return _BOUNDS[device]
 
 
 def _quantize_rows(
@@ -84,8 +91,11 @@ def quantize_nvfp4(
     rows = weight.detach().reshape(-1, columns)
     packed = torch.empty(rows.shape[0], columns // 2, dtype=torch.uint8, device=weight.device)
     scales = torch.empty(rows.shape[0], columns // block_size, dtype=torch.float8_e4m3fn, device=weight.device)
-    # About four float32 copies of a slice are alive at once (|x|, scaled, comparisons).
-    step = max(1, slice_bytes // (16 * columns))
+    # About 16 bytes of temporaries per element of a slice are alive at once (float32 scaled and
+    # |scaled|, the codes); slices of at most half the weight's own size keep the peak extra memory
+    # (outputs 0.28x + temporaries) under the weight's size.
+    budget = min(slice_bytes, max(weight.numel() * weight.element_size() // 2, 16 * columns))
+    step = max(1, budget // (16 * columns))
     for start in range(0, rows.shape[0], step):
         part = slice(start, start + step)
         packed[part], scales[part] = _quantize_rows(rows[part], scale_2, block_size)
