@@ -9,9 +9,11 @@ ratio ``export / copy`` is the figure (goal on a GPU: >= 0.5).
 
 Peak extra memory: on CUDA, ``max_memory_allocated`` above what the weights hold, while one layer
 is exported; on CPU, the growth of the process's peak RSS over the same step (coarse: it includes
-allocator slack). Both are reported against the largest weight (goal: <= 2x). Run::
+allocator slack, and reads 0 once an earlier step set a higher peak: use the CUDA figure). Both are
+reported against the largest weight (goal: <= 2x). Run::
 
     python benchmarks/bench_export.py [--device cpu|cuda] [--layers 2] [--hidden 4096] [--ffn 14336] [--repeat 3]
+        [--compile]
 """
 
 from __future__ import annotations
@@ -81,7 +83,13 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=32)
     parser.add_argument("--groups", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile the per-slice quantize-and-pack (fuses its elementwise passes)")
     args = parser.parse_args()
+    if args.compile:
+        from patchkit.patches.modelopt import _nvfp4_pack
+
+        _nvfp4_pack._quantize_rows = torch.compile(_nvfp4_pack._quantize_rows, dynamic=True)
     torch.manual_seed(0)
     # Peak memory first, on a fresh process's one layer, before timing warms any allocator.
     one = layer_weights(args.hidden, args.ffn, args.heads, args.groups, args.device)
