@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Union
 if TYPE_CHECKING:
     import torch
 
+    from ._router_replay_dist import gather_pipeline, gather_sequence_parallel  # noqa: F401
     from ._router_replay_packing import (  # noqa: F401
         ThdLayout,
         pack,
@@ -41,7 +42,6 @@ if TYPE_CHECKING:
         unpack,
         uses_fp8_padding,
     )
-    from ._router_replay_dist import gather_pipeline, gather_sequence_parallel  # noqa: F401
     from ._router_replay_scope import ModelRouters, merge_layers, moe_layer_numbers, stack_layers  # noqa: F401
 
 PATCHES: tuple = ()
