@@ -122,6 +122,15 @@ class Engine:
     def patch(self, patch_id: str) -> Patch:
         return self._entry(patch_id, "patch id").patch
 
+    def installed_actions(self, patch_id: str) -> tuple[Installed | Registration, ...]:
+        """What a patch installed in this process (empty unless it is applied), newest last."""
+        with self._lock:
+            return tuple(self._entry(patch_id, "patch id").installed)
+
+    def package(self, patch_id: str) -> str | None:
+        """The package a patch's relative references (actions, self-check) resolve against."""
+        return self._entry(patch_id, "patch id").registered.package
+
     def _entry(self, patch_id: str, variable: str) -> _Entry:
         entry = self._entries.get(patch_id)
         if entry is None:
