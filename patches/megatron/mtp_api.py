@@ -128,8 +128,3 @@ def disable(model: Any) -> list[Any]:
             vars(layer).pop("_get_embeddings", None)
             setattr(layer, LAYER_MARK, False)
     return models
-
-
-# Re-exported for one import site: ``mtp_api.configure(output_head="trained")``.
-configure = configure
-options_for = options_for

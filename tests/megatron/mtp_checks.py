@@ -202,3 +202,59 @@ def context_parallel_zero_mask_rank(rank: int, world_size: int, port: int, patch
             parallel_state.destroy_model_parallel()
     finally:
         torch.distributed.destroy_process_group()
+
+
+def tensor_parallel_mtp_rank(rank: int, world_size: int, port: int, results: Any) -> None:
+    """One rank of a TP=2 gloo job (vocab-parallel output layer): MTP losses and head gradients.
+
+    Reports, per rank: whether the attached MTP losses equal upstream's (same model, unpatched
+    run first), the output-layer shard's MTP-only gradient magnitude with the head detached
+    (default) and trained, and whether every MTP parameter got gradient.
+    """
+    import os
+
+    from cpu_harness import cpu_megatron
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+    from megatron.core.transformer.multi_token_prediction import MTPLossAutoScaler, MTPLossLoggingHelper
+    from tiny_gpt import build_tiny_gpt, make_batch
+
+    import patchkit
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.distributed.init_process_group(backend="gloo", rank=rank, world_size=world_size)
+    attached: list[torch.Tensor] = []
+    original_apply = MTPLossAutoScaler.apply
+
+    def recording_apply(output: torch.Tensor, mtp_loss: torch.Tensor) -> torch.Tensor:
+        attached.append(mtp_loss.detach().clone())
+        return original_apply(output, mtp_loss)
+
+    MTPLossAutoScaler.apply = recording_apply
+    try:
+        with cpu_megatron():
+            parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
+            model_parallel_cuda_manual_seed(1234)
+            model = build_tiny_gpt(mtp_num_layers=2, tensor_model_parallel_size=2)
+            batch = make_batch()
+            run(model, batch)
+            upstream = list(attached)
+            attached.clear()
+            head_grads = {}
+            for head in ("detached", "trained"):
+                model.zero_grad(set_to_none=True)
+                with output_head(head), patchkit.applied("megatron.mtp_postprocess"):
+                    mtp_only_backward(model, batch)
+                head_grads[head] = grad_magnitude(model.output_layer.weight)
+            equal = len(attached) == 2 * len(upstream) and all(
+                torch.allclose(ours, theirs, atol=ATOL, rtol=0)
+                for ours, theirs in zip(attached, upstream * 2, strict=True)
+            )
+            mtp_trained = all(grad_magnitude(p) > 0 for p in mtp_parameters(model).values())
+            results.put((rank, equal, head_grads["detached"], head_grads["trained"] > 0, mtp_trained))
+            MTPLossLoggingHelper.tracker.clear()
+            parallel_state.destroy_model_parallel()
+    finally:
+        MTPLossAutoScaler.apply = original_apply
+        torch.distributed.destroy_process_group()
