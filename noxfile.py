@@ -1,8 +1,11 @@
 """Test environments, one per upstream version set, generated from compat_matrix.yaml.
 
-    nox -s demo          install the real upstreams, apply the patches, print the status
+    nox -s demo          install the real upstreams, apply the patches, run `patchkit doctor` on them
     nox -t ci            the representative subset CI runs (entries marked `ci: true`)
     nox -l               every environment; `nox -s tests-<name>` runs one
+
+Virtualenvs are made by uv on each environment's Python (`python:` in the matrix, default 3.11):
+uv's cache hardlinks packages into each venv, so a dozen torch environments cost about one on disk.
 
 After an environment's tests pass, `patchkit matrix record --env <name>` writes its versions and
 fingerprints into compat_matrix.yaml. MATRIX_RECORD=write (the default) updates the file,
@@ -11,8 +14,11 @@ MATRIX_RECORD=check (the default when CI is set) fails if it is stale instead, M
 
 from __future__ import annotations
 
+import functools
 import os
 import pathlib
+import shutil
+import subprocess
 import xml.etree.ElementTree as ET
 
 import nox
@@ -23,22 +29,47 @@ MATRIX = yaml.safe_load((ROOT / "compat_matrix.yaml").read_text())
 REPORTS = ROOT / ".nox" / "reports"
 RECORD = os.environ.get("MATRIX_RECORD", "check" if os.environ.get("CI") else "write")
 
-nox.options.default_venv_backend = "venv"
+nox.options.default_venv_backend = "uv"
 nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = True
 
-#: The main job's upstreams: what a Megatron + ModelOpt trainer has installed.
+# uv reads its own settings, not pip's: carry pip's local wheel folder over (this machine keeps the
+# CPU build of torch there), and give multi-GB CUDA wheels time to download.
+if os.environ.get("PIP_FIND_LINKS") and not os.environ.get("UV_FIND_LINKS"):
+    os.environ["UV_FIND_LINKS"] = os.environ["PIP_FIND_LINKS"].replace(" ", ",")
+os.environ.setdefault("UV_HTTP_TIMEOUT", "600")
+DEFAULT_PYTHON = "3.11"
+
+
+def _expose_pyenv_interpreters() -> None:
+    """Let uv find every pyenv-installed CPython (python3.12, ...), not only the global one.
+
+    pyenv's shims answer only for the versions it has selected; uv looks interpreters up on PATH by
+    name. Selecting all installed 3.x versions, the current one first, keeps `python3` unchanged.
+    """
+    if not shutil.which("pyenv") or os.environ.get("PYENV_VERSION"):
+        return
+    run = functools.partial(subprocess.run, capture_output=True, text=True, check=False)
+    current = run(["pyenv", "version-name"]).stdout.strip().split(":")
+    installed = [v for v in run(["pyenv", "versions", "--bare"]).stdout.split() if v.startswith("3.")]
+    if installed:
+        os.environ["PYENV_VERSION"] = ":".join(dict.fromkeys([*current, *sorted(installed, reverse=True)]))
+
+
+_expose_pyenv_interpreters()
+
+#: The main job's upstreams: what a Megatron + ModelOpt trainer has installed today (Python 3.12).
+DEMO_PYTHON = "3.12"
 DEMO_INSTALL = [
-    ["torch==2.13.0"],
-    ["megatron-core==0.16.1", "nvidia-modelopt==0.47.0", "requests", "huggingface_hub"],
+    ["torch==2.11.0", "megatron-core==0.19.2", "nvidia-modelopt==0.47.0", "requests", "huggingface_hub"],
 ]
 
 
 def _install_environment(session: nox.Session, env: dict) -> None:
     for step in env.get("install", []):
         session.install(*step)
-    for package in env.get("uninstall", []):
-        session.run("python", "-m", "pip", "uninstall", "-y", "-q", package, silent=True)
+    if env.get("uninstall"):
+        session.run("uv", "pip", "uninstall", "-q", *env["uninstall"], external=True, silent=True)
     session.install("-e", ".", "pytest")
 
 
@@ -56,7 +87,8 @@ def _tests_session(name: str, env: dict):
 
 
 for _name, _env in MATRIX["environments"].items():
-    nox.session(name=f"tests-{_name}", tags=["ci"] if _env.get("ci") else [])(_tests_session(_name, _env))
+    nox.session(name=f"tests-{_name}", python=_env.get("python", DEFAULT_PYTHON),
+                tags=["ci"] if _env.get("ci") else [])(_tests_session(_name, _env))
 
 
 @nox.session(tags=["ci"])
@@ -103,11 +135,12 @@ def summary(session: nox.Session) -> None:
         session.error("tests failed or none ran")
 
 
-@nox.session
+@nox.session(python=DEMO_PYTHON)
 def demo(session: nox.Session) -> None:
-    """The main job: install patchkit with the real upstreams, apply every patch, print the status."""
+    """The main job: install patchkit with the real upstreams, apply every patch, prove each one here."""
     _install_environment(session, {"install": DEMO_INSTALL})
     session.run("patchkit", "status")
+    session.run("patchkit", "doctor", *session.posargs)
 
 
 @nox.session

@@ -1,4 +1,4 @@
-"""The ``patchkit`` command: list, status, explain, run."""
+"""The ``patchkit`` command: list, status, explain, doctor, run, matrix."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import sys
 from typing import Sequence
 
 from . import engine as default_engine
+from .doctor.cli import add_parser as add_doctor_parser
 from .matrix.cli import add_parser as add_matrix_parser
 from .report import describe, status_json, status_table
 from .runtime.errors import PatchkitError
@@ -61,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="patchkit", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log what patchkit does to stderr")
     commands = parser.add_subparsers(dest="command", required=True)
-    add_matrix_parser(commands)  # `patchkit matrix check | record | static | table`, in patchkit/matrix/cli.py
+    add_matrix_parser(commands)  # `patchkit matrix check | record | static | merge | table`, in patchkit/matrix/cli.py
+    add_doctor_parser(commands)  # `patchkit doctor`, in patchkit/doctor/cli.py
     commands.add_parser("list", help="every patch: targets, ranges, removal plan").set_defaults(run=_list)
     status = commands.add_parser("status", help="apply here, against what is installed, and report")
     status.add_argument("--json", action="store_true", help="machine-readable records")

@@ -1,4 +1,4 @@
-"""``patchkit matrix check | record | static | table``: added to the ``patchkit`` command by cli.py."""
+"""``patchkit matrix check | record | static | outdated | merge | table``, added to ``patchkit`` by cli.py."""
 
 from __future__ import annotations
 
@@ -112,6 +112,32 @@ def _static(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _merge(args: argparse.Namespace) -> int:
+    from . import load, writer
+    from .merge import merge_contribution
+
+    path = _matrix_path(args)
+    old = path.read_text(encoding="utf-8")
+    updated = merge_contribution(load(path), load(Path(args.file)))
+    return _diff_or_write(path, old, writer.replace_patches(old, updated.patches), args.check)
+
+
+def _outdated(args: argparse.Namespace) -> int:
+    from . import load
+    from .artifacts import DEFAULT_CACHE
+    from .outdated import ATTENTION, newest_recorded, outdated, render
+
+    matrix = load(_matrix_path(args))
+    registry = _registry()
+    found = outdated(matrix, registry, args.dist, cache=Path(args.cache) if args.cache else DEFAULT_CACHE)
+    if args.json:
+        _write(json.dumps([a.to_dict() for a in found], indent=1))
+    else:
+        dists = args.dist or sorted({d for r in registry for d in r.patch.distributions})
+        _write(render(found, {d: newest_recorded(matrix, d) for d in dists}))
+    return 1 if any(a.verdict == ATTENTION for a in found) else 0
+
+
 def _release(text: str) -> tuple[str, str]:
     dist, sep, version = text.strip().partition("==")
     if not sep or not dist or not version:
@@ -159,6 +185,13 @@ def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     static.add_argument("--symbols",
                         help="survey the symbols of a YAML file {dist: {versions: [...], symbols: [...]}} instead")
     static.add_argument("--json", action="store_true", help="with --symbols: machine-readable facts")
+    outdated = command("outdated", _outdated, "releases on the index newer than the matrix covers, checked statically")
+    outdated.add_argument("--dist", action="append", default=[], help="only this distribution (repeatable)")
+    outdated.add_argument("--cache", help="where artifacts are unpacked (default: ~/.cache/patchkit/artifacts)")
+    outdated.add_argument("--json", action="store_true", help="machine-readable assessments")
+    merge = command("merge", _merge, "fold records from `patchkit doctor --record FILE` into the matrix")
+    merge.add_argument("file", help="the records file a doctor run wrote")
+    merge.add_argument("--check", action="store_true", help="write nothing; exit 1 if merging would change the file")
     table = command("table", _table, "write the supported-versions table into the README")
     table.add_argument("--readme", default="README.md")
     table.add_argument("--check", action="store_true", help="write nothing; exit 1 if the table is stale")

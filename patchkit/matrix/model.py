@@ -51,6 +51,10 @@ class VersionRecord:
         return tuple(sorted(self.versions.items()))
 
 
+#: The Python an environment runs on when it names none.
+DEFAULT_PYTHON = "3.11"
+
+
 @dataclass(frozen=True)
 class Environment:
     """A test environment: pip install steps, the tests to run, whether CI runs it."""
@@ -62,6 +66,8 @@ class Environment:
     env: Mapping[str, str] = field(default_factory=dict)
     ci: bool = False
     description: str = ""
+    #: The interpreter the environment runs on ("3.11", "3.12"): what the upstream requires.
+    python: str = DEFAULT_PYTHON
     position: Position | None = field(default=None, compare=False)
 
 

@@ -16,7 +16,7 @@ import yaml
 
 from ..runtime.declaration import Target
 from ..runtime.errors import DeclarationError, PatchkitError
-from .model import STATUSES, Environment, Matrix, Position, TargetRecord, VersionRecord
+from .model import DEFAULT_PYTHON, STATUSES, Environment, Matrix, Position, TargetRecord, VersionRecord
 
 SCHEMA_VERSION = 1
 
@@ -26,7 +26,8 @@ _BOOL = "tag:yaml.org,2002:bool"
 _FLOAT = "tag:yaml.org,2002:float"
 _ENV_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _FINGERPRINT = re.compile(r"^[0-9a-f]{16}$")
-_VERIFIED_BY = re.compile(r"^(static|tests:[a-z0-9][a-z0-9._-]*)$")
+_PYTHON = re.compile(r"^3\.[0-9]{1,2}$")
+_VERIFIED_BY = re.compile(r"^(static|(tests|doctor):[a-z0-9][a-z0-9._-]*)$")
 _PATCH_ID = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")
 _TAG_NAMES = {_STR: "a string", _INT: "an integer", _BOOL: "a boolean", _FLOAT: "a number",
               "tag:yaml.org,2002:null": "nothing (null)"}
@@ -118,6 +119,13 @@ class _Reader:
     def text(self, node: yaml.Node, where: str) -> str:
         return self.string(node, where) or ""
 
+    def python_version(self, node: yaml.Node, where: str) -> str:
+        if isinstance(node, yaml.ScalarNode) and node.tag == _STR and _PYTHON.match(node.value):
+            return str(node.value)
+        found = repr(node.value) if isinstance(node, yaml.ScalarNode) else None
+        self.problem(node, where, 'a quoted Python version such as "3.12"', found)
+        return ""
+
     def boolean(self, node: yaml.Node, where: str) -> bool | None:
         if isinstance(node, yaml.ScalarNode) and node.tag == _BOOL:
             return node.value.lower() in ("true", "yes", "on")
@@ -164,7 +172,7 @@ class _Reader:
                 self.problem(key, here, "an environment name of lowercase letters, digits, '.', '_' or '-'",
                              repr(name))
             fields = self.mapping(value, here)
-            self.keys(fields, here, ("install", "tests"), ("uninstall", "env", "ci", "description"), value)
+            self.keys(fields, here, ("install", "tests"), ("uninstall", "env", "ci", "description", "python"), value)
             found[name] = Environment(
                 name=name,
                 tests=self.optional(fields, "tests", here, self.test_paths) or (),
@@ -173,6 +181,7 @@ class _Reader:
                 env=self.optional(fields, "env", here, self.variables) or {},
                 ci=bool(self.optional(fields, "ci", here, self.boolean)),
                 description=self.optional(fields, "description", here, self.text) or "",
+                python=self.optional(fields, "python", here, self.python_version) or DEFAULT_PYTHON,
                 position=self.at(key),
             )
         return found
@@ -239,7 +248,7 @@ class _Reader:
         found = self.strings(node, where)
         for i, source in enumerate(found):
             if not _VERIFIED_BY.match(source):
-                self.problem(node.value[i], f"{where}[{i}]", "'static' or 'tests:<environment>'")
+                self.problem(node.value[i], f"{where}[{i}]", "'static', 'tests:<environment>' or 'doctor:<host>'")
         return found
 
     def versions(self, node: yaml.Node, where: str) -> dict[str, str]:

@@ -137,6 +137,9 @@ class Patch(NamedTuple):
     what it does, why it exists, the upstream code or discussion it relates to, and when to delete it.
     ``version_modules`` maps a distribution to its import package: used to see cheaply whether it
     is installed at all, and to read ``__version__`` when it was installed without metadata.
+    ``self_check`` names a behavioural test of the patch against the installed upstream
+    (``".module:function"``, see :mod:`patchkit.selfcheck`), run by ``patchkit doctor`` and shared with
+    the test suite; it is resolved only by the doctor, never at start-up.
     """
 
     id: str
@@ -147,6 +150,7 @@ class Patch(NamedTuple):
     variants: tuple[Variant, ...]
     opt_in: bool = False
     version_modules: Mapping[str, str] = MappingProxyType({})
+    self_check: Reference | None = None
 
     @property
     def distributions(self) -> tuple[str, ...]:
@@ -169,6 +173,9 @@ def validate(patch: Patch) -> None:
         raise DeclarationError(f"patch id {patch.id!r} must look like 'upstream.name' (lowercase, dots)")
     if not patch.variants:
         raise DeclarationError(f"{patch.id}: declares no variant")
+    if patch.self_check is not None and not (callable(patch.self_check) or isinstance(patch.self_check, str)):
+        raise DeclarationError(f"{patch.id}: self_check must be a 'module:function' reference or a callable, "
+                               f"got {patch.self_check!r}")
     names = [variant.name for variant in patch.variants]
     if len(set(names)) != len(names):
         raise DeclarationError(f"{patch.id}: two variants share a name: {names}")

@@ -122,6 +122,10 @@ class Engine:
     def patch(self, patch_id: str) -> Patch:
         return self._entry(patch_id, "patch id").patch
 
+    def package(self, patch_id: str) -> str | None:
+        """The package a patch's relative references (actions, self-check) resolve against."""
+        return self._entry(patch_id, "patch id").registered.package
+
     def _entry(self, patch_id: str, variable: str) -> _Entry:
         entry = self._entries.get(patch_id)
         if entry is None:

@@ -26,6 +26,8 @@ MALFORMED = {
     "install step not a list": ("schema: 1\nenvironments:\n  e:\n    install: [torch==2.13.0]\n    tests: [t]\n",
                                 4, 15, "environments.e.install[0]: expected a list of pip arguments, found a string"),
     "ci not a boolean": (GOOD_ENV + "    ci: maybe\n", 6, 9, "environments.engine.ci: expected true or false"),
+    "unquoted python": (GOOD_ENV + "    python: 3.12\n", 6, 13,
+                        'environments.engine.python: expected a quoted Python version such as "3.12"'),
     "duplicate environment": (GOOD_ENV + "  engine:\n    install: []\n    tests: [x]\n", 6, 3,
                               "environments.engine: expected each key once (first at line 3)"),
     "bad environment name": ("schema: 1\nenvironments:\n  Mega Core:\n    install: []\n    tests: [t]\n", 3, 3,
@@ -47,7 +49,7 @@ MALFORMED = {
                    12, 11, "expected a target 'package.module:Qualname.attr', found 'not a target'"),
     "bad verified_by": (GOOD_ENV + "patches:\n  megatron.mtp:\n    v:\n      - versions: {vllm: '0.12.0'}\n"
                         "        status: verified\n        verified_by: [ci]\n", 11, 23,
-                        "verified_by[0]: expected 'static' or 'tests:<environment>'"),
+                        "verified_by[0]: expected 'static', 'tests:<environment>' or 'doctor:<host>'"),
     "record not a mapping": (GOOD_ENV + "patches:\n  megatron.mtp:\n    v:\n      - vllm 0.12.0\n", 9, 9,
                              "expected a version record (a mapping with 'versions' and 'status')"),
     "records not a list": (GOOD_ENV + "patches:\n  megatron.mtp:\n    v: {versions: {}}\n", 8, 8,
@@ -93,3 +95,9 @@ def test_a_valid_record_reads_back_as_data() -> None:
     assert record.verified_by == ("tests:engine", "static")
     assert record.targets["megatron.core.x:GPTModel._postprocess"].fingerprint == "0123456789abcdef"
     assert record.position is not None and record.position.line == 9
+
+
+def test_an_environment_runs_on_the_python_it_names_and_on_3_11_otherwise():
+    matrix = parse(GOOD_ENV + '  mcore:\n    python: "3.12"\n    install: []\n    tests: [t]\n', "m.yaml")
+    assert matrix.environments["mcore"].python == "3.12"
+    assert matrix.environments["engine"].python == "3.11"

@@ -1,0 +1,59 @@
+"""``patchkit doctor [--json] [--patch GLOB] [--device auto|cpu|cuda] [--timeout S] [--record FILE]``."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+from typing import Any
+
+from . import runner as doctor
+
+_SYMBOLS = {doctor.VERIFIED: "ok", doctor.FAILED: "FAIL", doctor.NOT_APPLICABLE: "--", doctor.NEEDS_GPU: "gpu"}
+
+
+def add_parser(commands: Any) -> None:
+    parser = commands.add_parser("doctor", help="run every applied or native patch's self-check on this stack")
+    parser.add_argument("--json", action="store_true", help="machine-readable report on stdout")
+    parser.add_argument("--patch", action="append", default=[], metavar="GLOB",
+                        help="only the patches matching this id or glob (repeatable)")
+    parser.add_argument("--device", default="auto", help="auto (CUDA when torch sees a GPU), cpu or cuda")
+    parser.add_argument("--timeout", type=float, default=doctor.DEFAULT_TIMEOUT, metavar="SECONDS",
+                        help=f"time limit of one self-check (default {doctor.DEFAULT_TIMEOUT:g})")
+    parser.add_argument("--record", metavar="FILE",
+                        help="write what was verified as compat-matrix records (merge with `patchkit matrix merge`)")
+    parser.set_defaults(run=main)
+
+
+def _table(verdicts: list[doctor.Verdict], facts: dict[str, Any]) -> str:
+    width = max((len(v.id) for v in verdicts), default=10)
+    lines = [f"{_SYMBOLS[v.verdict]:<4} {v.id:<{width}}  {v.verdict:<14} {v.seconds:6.1f} s  {v.message}"
+             for v in verdicts]
+    counts = {name: sum(v.verdict == name for v in verdicts) for name in _SYMBOLS}
+    lines.append(f"doctor: {', '.join(f'{n} {k}' for k, n in counts.items())} on {facts['device']} "
+                 f"(import and apply {facts['import_and_apply_seconds']:.1f} s, total {facts['total_seconds']:.1f} s)")
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    progress = sys.stderr if sys.stderr.isatty() and not args.json else None
+    # Upstreams print while being imported: keep stdout for the report (see `patchkit status`).
+    with contextlib.redirect_stdout(sys.stderr):
+        verdicts, facts = doctor.run(args.patch, args.device, args.timeout, progress)
+    if args.json:
+        sys.stdout.write(json.dumps({**facts, "patches": [v.to_dict() for v in verdicts]}, indent=1) + "\n")
+    else:
+        sys.stdout.write(_table(verdicts, facts) + "\n")
+    if args.record:
+        from .record import write_records
+
+        written = write_records(args.record, verdicts)
+        sys.stderr.write(f"doctor: {written} record(s) written to {args.record}\n")
+    status = doctor.exit_status(verdicts)
+    if doctor.abandoned_checks():  # a timed-out check still runs in a thread: do not wait for it
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    return status

@@ -1,0 +1,244 @@
+"""``patchkit doctor``: run every applied (or native) patch's self-check on the stack installed here.
+
+``patchkit status`` says whether code was installed; the doctor says whether it does the job. It
+applies what applies on the installed upstreams (opt-in patches included: the doctor is a diagnostic
+process, not the user's job), then runs each selected patch's declared self-check
+(:mod:`patchkit.selfcheck`) with a time limit, and gives one verdict per patch:
+
+- ``verified``: the check passed (for a native patch: upstream does the job);
+- ``failed``: the check's expectation failed, it raised, it timed out, or the patch failed to install;
+- ``not_applicable``: the patch does not apply here (the skip reason says why), or declares no check;
+- ``needs_gpu``: the check runs only on CUDA and the doctor runs on the CPU.
+
+A check runs in a daemon thread: one that hangs is reported ``failed`` after its time limit and the
+others still run (the hung thread is abandoned; the process exits through ``os._exit`` if any is).
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import logging
+import os
+import sys
+import threading
+import time
+import traceback
+from typing import IO, Any, Callable, Iterable, Mapping, NamedTuple, Sequence
+
+from ..runtime.catalogue import Registered
+from ..runtime.declaration import Patch, Replace, Target, Wrap
+from ..runtime.engine import Engine
+from ..runtime.errors import ConfigError, UnknownPatchError
+from ..runtime.status import PatchStatus, Reason, State
+from ..selfcheck import CheckContext, NeedsGPU, SelfCheckFailed
+
+logger = logging.getLogger(__name__)
+
+VERIFIED = "verified"
+FAILED = "failed"
+NOT_APPLICABLE = "not_applicable"
+NEEDS_GPU = "needs_gpu"
+
+#: Seconds one self-check may take before it is reported failed.
+DEFAULT_TIMEOUT = 120.0
+
+
+class Verdict(NamedTuple):
+    """One patch's doctor result."""
+
+    id: str
+    verdict: str
+    message: str
+    status: PatchStatus
+    seconds: float = 0.0
+    fingerprints: Mapping[str, Mapping[str, str | None]] = {}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "verdict": self.verdict, "message": self.message, "seconds": round(self.seconds, 3),
+                "state": self.status.state.value, "reason": self.status.reason.value if self.status.reason else None,
+                "variant": self.status.variant, "versions": dict(self.status.versions),
+                "fingerprints": {target: dict(facts) for target, facts in self.fingerprints.items()}}
+
+
+def select(registered: Sequence[Registered], patterns: Sequence[str]) -> list[Registered]:
+    """The registered patches matching any glob; an unmatched glob is an error with the closest ids."""
+    if not patterns:
+        return list(registered)
+    ids = [r.patch.id for r in registered]
+    for pattern in patterns:
+        if not fnmatch.filter(ids, pattern):
+            raise UnknownPatchError("--patch", pattern, difflib.get_close_matches(pattern, ids, n=3, cutoff=0.5))
+    return [r for r in registered if any(fnmatch.fnmatchcase(r.patch.id, p) for p in patterns)]
+
+
+def resolve_device(requested: str) -> str:
+    """``auto`` is ``cuda`` when torch is installed and sees a GPU, else ``cpu``."""
+    if requested not in ("auto", "cpu", "cuda"):
+        raise ConfigError("--device", requested, "auto, cpu or cuda")
+    if requested != "auto":
+        return requested
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return "cpu"
+    import torch  # type: ignore[import-not-found,unused-ignore]
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _check_function(registered: Registered) -> Callable[[CheckContext], None] | None:
+    from ..runtime.installer import resolve_reference
+
+    reference = registered.patch.self_check
+    if reference is None:
+        return None
+    function: Callable[[CheckContext], None] = resolve_reference(reference, registered.package)
+    return function
+
+
+def _run_with_timeout(function: Callable[[], None], timeout: float) -> BaseException | None:
+    """Run ``function`` in a daemon thread; its exception, a ``TimeoutError``, or None."""
+    outcome: list[BaseException | None] = []
+
+    def target() -> None:
+        try:
+            function()
+        except BaseException as exc:  # noqa: B036 - reported as the check's failure, whatever it is
+            outcome.append(exc)
+        else:
+            outcome.append(None)
+
+    thread = threading.Thread(target=target, name="patchkit-doctor-check", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        return TimeoutError(f"the self-check did not finish within {timeout:g} s")
+    return outcome[0]
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, SelfCheckFailed):
+        return str(exc)
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" at {frames[-1].filename.rsplit(os.sep, 1)[-1]}:{frames[-1].lineno}" if frames else ""
+    return f"the self-check raised {type(exc).__name__}: {exc}{where}"
+
+
+def fingerprints(patch: Patch, status: PatchStatus) -> dict[str, dict[str, str | None]]:
+    """Each Replace/Wrap target's installed fingerprint and how it compares with the matrix's records."""
+    if status.variant is None:
+        return {}
+    from ..runtime.fingerprint import target_fingerprint
+
+    try:
+        variant = patch.variant(status.variant)
+    except KeyError:
+        return {}
+    found: dict[str, dict[str, str | None]] = {}
+    recorded = _recorded(patch.id, status.variant)
+    for action in variant.installs:
+        if not isinstance(action, (Replace, Wrap)):
+            continue
+        try:
+            value = target_fingerprint(Target.parse(action.target))
+        except Exception:  # a fingerprint is informative; failing to take one is not a verdict
+            value = None
+        known = recorded.get(action.target, set())
+        match = ("unknown" if value is None or not known else "recorded" if value in known else "drifted")
+        if status.reason is not None and status.reason.value == "code_identical" and match == "recorded":
+            match = "code_identical"
+        found[action.target] = {"fingerprint": value, "match": match}
+    return found
+
+
+def _recorded(patch_id: str, variant: str) -> dict[str, set[str]]:
+    try:
+        from ..matrix import load
+
+        matrix = load(None)
+    except Exception:
+        return {}
+    recorded: dict[str, set[str]] = {}
+    for records in matrix.patches.get(patch_id, {}).values():
+        for record in records:
+            for target, facts in record.targets.items():
+                if facts.fingerprint:
+                    recorded.setdefault(target, set()).add(facts.fingerprint)
+    return recorded
+
+
+def examine(registered: Registered, status: PatchStatus, device: str, timeout: float) -> Verdict:
+    """The verdict for one patch, given its status after applying."""
+    patch = registered.patch
+    if status.state is State.FAILED:
+        return Verdict(patch.id, FAILED, f"the patch failed to install: {status.error or status.detail}", status)
+    native = status.reason is Reason.NATIVE
+    if not (status.state.installed or native):
+        reason = status.reason.value if status.reason else status.state.value
+        return Verdict(patch.id, NOT_APPLICABLE, f"{reason}: {status.detail}".rstrip(": "), status)
+    prints = fingerprints(patch, status)
+    try:
+        check = _check_function(registered)
+    except Exception as exc:
+        return Verdict(patch.id, FAILED, f"cannot load the self-check: {exc!r}", status, 0.0, prints)
+    if check is None:
+        return Verdict(patch.id, NOT_APPLICABLE, "the patch declares no self-check", status, 0.0, prints)
+    context = CheckContext(patch.id, device, native)
+    started = time.perf_counter()
+    error = _run_with_timeout(lambda: check(context), timeout)
+    seconds = time.perf_counter() - started
+    if error is None:
+        what = "upstream does the job (native)" if native else "the patch does the job"
+        return Verdict(patch.id, VERIFIED, what, status, seconds, prints)
+    if isinstance(error, NeedsGPU):
+        return Verdict(patch.id, NEEDS_GPU, str(error), status, seconds, prints)
+    return Verdict(patch.id, FAILED, _describe(error), status, seconds, prints)
+
+
+def run(patterns: Sequence[str] = (), device: str = "auto", timeout: float = DEFAULT_TIMEOUT,
+        progress: IO[str] | None = None, engine: Engine | None = None) -> tuple[list[Verdict], dict[str, Any]]:
+    """Apply, then check every selected patch. Returns the verdicts and the run's facts.
+
+    ``engine`` defaults to the process-wide one, applied as ``patchkit.apply_all()`` applies it
+    (``PATCHKIT_EXTRA_PATCHES`` included). Selected opt-in patches are applied too, and the targets of
+    every selected patch imported, so that what is checked is what a job enabling them would run.
+    """
+    import patchkit
+
+    started = time.perf_counter()
+    if engine is None:
+        patchkit.apply_all()
+        engine = patchkit.engine()
+    else:
+        engine.apply_all()
+    selected = select([Registered(engine.patch(i), engine.package(i)) for i in engine.ids()], patterns)
+    device = resolve_device(device)
+    if selected:
+        engine.apply(*(r.patch.id for r in selected), import_targets=True)
+    statuses = {s.id: s for s in engine.status()}
+    import_seconds = time.perf_counter() - started
+    verdicts = []
+    for registered in selected:
+        if progress is not None:
+            progress.write(f"doctor: {registered.patch.id} ...")
+            progress.flush()
+        verdict = examine(registered, statuses[registered.patch.id], device, timeout)
+        verdicts.append(verdict)
+        if progress is not None:
+            progress.write(f"\rdoctor: {registered.patch.id}: {verdict.verdict} ({verdict.seconds:.1f} s)\n")
+            progress.flush()
+    facts = {"device": device, "python": sys.version.split()[0], "patchkit": patchkit.__version__,
+             "import_and_apply_seconds": round(import_seconds, 3),
+             "total_seconds": round(time.perf_counter() - started, 3)}
+    return verdicts, facts
+
+
+def exit_status(verdicts: Iterable[Verdict]) -> int:
+    """1 if any verdict failed, else 0."""
+    return 1 if any(v.verdict == FAILED for v in verdicts) else 0
+
+
+def abandoned_checks() -> bool:
+    """True when a timed-out check's thread is still running (the process should ``os._exit``)."""
+    return any(t.name == "patchkit-doctor-check" and t.is_alive() for t in threading.enumerate())

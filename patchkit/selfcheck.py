@@ -1,0 +1,52 @@
+"""The contract between a patch's self-check and ``patchkit doctor`` (and the tests that share it).
+
+A patch declares ``self_check=".module:function"`` (resolved like its actions). The function takes a
+:class:`CheckContext` and returns normally when the patch does its job on the installed upstream, or
+raises :class:`SelfCheckFailed` saying what was expected and what came back. A check that can only run
+on a GPU calls :meth:`CheckContext.require_cuda`. The same functions are called by the test suite, so a
+check and its test are one piece of code.
+
+Nothing here imports torch or an upstream: check modules import those themselves.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from .runtime.errors import PatchkitError
+
+
+class SelfCheckFailed(PatchkitError, AssertionError):
+    """A self-check's expectation did not hold. An ``AssertionError``, so pytest shows it as a failure."""
+
+    def __init__(self, expectation: str, expected: Any = None, found: Any = None) -> None:
+        self.expectation = expectation
+        self.expected = expected
+        self.found = found
+        detail = expectation if expected is None and found is None else (
+            f"{expectation}: expected {expected}, found {found}")
+        super().__init__(detail)
+
+
+class NeedsGPU(PatchkitError):
+    """The check can only run on a CUDA device, and the doctor runs on the CPU."""
+
+
+class CheckContext(NamedTuple):
+    """What a self-check may ask of its caller."""
+
+    patch_id: str
+    #: "cpu" or "cuda": where tensors should live.
+    device: str = "cpu"
+    #: True when the patch is native here: the check then shows upstream doing the job.
+    native: bool = False
+
+    def require_cuda(self) -> None:
+        if self.device != "cuda":
+            raise NeedsGPU(f"{self.patch_id}: this check runs only on a CUDA device (--device cuda)")
+
+
+def expect(condition: bool, expectation: str, expected: Any = None, found: Any = None) -> None:
+    """Raise :class:`SelfCheckFailed` unless ``condition`` holds."""
+    if not condition:
+        raise SelfCheckFailed(expectation, expected, found)
