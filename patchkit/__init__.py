@@ -20,6 +20,7 @@ from .runtime.errors import (
     ConfigError,
     DeclarationError,
     DriftError,
+    ForceRefusedError,
     ForeignWrapperError,
     PatchInstallError,
     PatchkitError,
@@ -32,7 +33,8 @@ from .runtime.status import PatchStatus, Reason, State
 __version__ = "0.1.0"
 
 __all__ = [
-    "Add", "Call", "ConfigError", "DeclarationError", "DriftError", "Engine", "ForeignWrapperError", "Patch",
+    "Add", "Call", "ConfigError", "DeclarationError", "DriftError", "Engine", "ForceRefusedError",
+    "ForeignWrapperError", "Patch",
     "PatchInstallError", "PatchStatus", "PatchkitError", "Reason", "Registered", "Replace", "State",
     "Target", "TargetResolutionError", "UnknownPatchError", "UnsupportedVersionError", "Variant", "Wrap",
     "apply", "apply_all", "applied", "engine", "probing", "revert", "revert_all", "status",

@@ -11,7 +11,8 @@ Nothing here imports torch or an upstream: check modules import those themselves
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+import contextlib
+from typing import Any, Iterator, NamedTuple
 
 from .runtime.errors import PatchkitError
 
@@ -50,3 +51,32 @@ def expect(condition: bool, expectation: str, expected: Any = None, found: Any =
     """Raise :class:`SelfCheckFailed` unless ``condition`` holds."""
     if not condition:
         raise SelfCheckFailed(expectation, expected, found)
+
+
+@contextlib.contextmanager
+def upstream_behaviour(patch_id: str, engine: Any = None) -> Iterator[None]:
+    """For tests: put upstream's originals back while the patch still reports ``applied``.
+
+    The patch's replacement then behaves exactly like upstream, which is what a broken or silently
+    bypassed patch looks like from outside; a self-check run inside this block must fail, or it
+    proves nothing. The installed objects come back on exit. Registrations (``Call``) cannot be
+    bypassed this way and raise ``TypeError``.
+    """
+    from .runtime.installer import Installed
+
+    if engine is None:
+        import patchkit
+
+        engine = patchkit.engine()
+    installed = engine.installed_actions(patch_id)
+    if not installed:
+        raise ValueError(f"{patch_id} installed nothing in this process: apply it first")
+    if not all(isinstance(action, Installed) for action in installed):
+        raise TypeError(f"{patch_id} installs through a registration (Call); bypass it in its own test")
+    for action in reversed(installed):
+        action.restore()
+    try:
+        yield
+    finally:
+        for action in installed:
+            setattr(action.owner, action.name, action.installed)

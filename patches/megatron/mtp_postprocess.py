@@ -17,6 +17,7 @@ _VERSION_MODULES = {"megatron-core": "megatron.core"}
 PATCHES = (
     Patch(
         id="megatron.mtp_postprocess",
+        self_check="._selfchecks:check_mtp_postprocess",
         summary=(
             "GPTModel forward with labels and MTP returns main-head logits [b, s, v]; every MTP "
             "depth's loss is still attached through MTPLossAutoScaler, so MTP layers train. By default "
@@ -53,6 +54,7 @@ PATCHES = (
     ),
     Patch(
         id="megatron.mtp_detach_inputs",
+        self_check="._selfchecks:check_mtp_detach_inputs",
         summary=(
             "Detach the MTP layers' inputs (embeddings and incoming hidden states) so the MTP "
             "loss sends no gradient into the main model's embedding and decoder."

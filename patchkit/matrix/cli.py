@@ -1,4 +1,4 @@
-"""``patchkit matrix check | record | static | outdated | merge | table``, added to ``patchkit`` by cli.py."""
+"""``patchkit matrix check | record | static | index | outdated | merge | table``, added to ``patchkit`` by cli.py."""
 
 from __future__ import annotations
 
@@ -7,10 +7,13 @@ import difflib
 import json
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from ..runtime.catalogue import Registered
 from .loader import FILENAME, default_path
+
+if TYPE_CHECKING:
+    from .model import Matrix
 
 
 def _write(text: str) -> None:
@@ -55,13 +58,30 @@ def _diff_or_write(path: Path, old: str, new: str, check: bool) -> int:
     return 0
 
 
+def _write_matrix(path: Path, old: str, new: str, matrix: "Matrix", check: bool = False) -> int:
+    """Write the matrix (or check it), and the runtime's index with it when it is the shipped matrix."""
+    status = _diff_or_write(path, old, new, check)
+    from . import index
+
+    if index.is_shipped(path):
+        current = index.PATH.read_text(encoding="utf-8") if index.PATH.is_file() else ""
+        status = max(status, _diff_or_write(index.PATH, current, index.render(matrix), check))
+    return status
+
+
 def _check(args: argparse.Namespace) -> int:
-    from . import check, load
+    from . import check, index, load
 
     path = _matrix_path(args)
-    problems = check.check(load(path), _registry())
+    matrix = load(path)
+    problems = check.check(matrix, _registry())
     for problem in problems:
         _write(str(problem))
+    if index.is_shipped(path) and (not index.PATH.is_file()
+                                   or index.PATH.read_text(encoding="utf-8") != index.render(matrix)):
+        problems.append(check.Disagreement(None, f"{index.PATH} is out of step with {path}: run `patchkit matrix "
+                                                 f"index` and commit the result"))
+        _write(str(problems[-1]))
     _write(f"{path}: {'registry and matrix agree' if not problems else f'{len(problems)} disagreement(s)'}")
     return 1 if problems else 0
 
@@ -72,7 +92,15 @@ def _record(args: argparse.Namespace) -> int:
     path = _matrix_path(args)
     old = path.read_text(encoding="utf-8")
     updated = record.record(load(path), _registry(), args.env)
-    return _diff_or_write(path, old, writer.replace_patches(old, updated.patches), args.check)
+    return _write_matrix(path, old, writer.replace_patches(old, updated.patches), updated, args.check)
+
+
+def _index(args: argparse.Namespace) -> int:
+    from . import index, load
+
+    path = _matrix_path(args)
+    current = index.PATH.read_text(encoding="utf-8") if index.PATH.is_file() else ""
+    return _diff_or_write(index.PATH, current, index.render(load(path)), args.check)
 
 
 def _static(args: argparse.Namespace) -> int:
@@ -99,16 +127,19 @@ def _static(args: argparse.Namespace) -> int:
     from . import load, writer
 
     path = _matrix_path(args)
-    add = [_release(text) for spec in args.add for text in spec.split(",")]
-    findings, updated = static.verify_matrix(load(path), _registry(), cache, record=args.record, add=add)
+    if args.refingerprint:
+        findings, updated = static.refingerprint(load(path), cache)
+    else:
+        add = [_release(text) for spec in args.add for text in spec.split(",")]
+        findings, updated = static.verify_matrix(load(path), _registry(), cache, record=args.record, add=add)
     for finding in findings:
         _write(f"{'ok  ' if finding.ok else 'FAIL'} {finding.patch_id} [{finding.variant}] {finding.versions}: "
                f"{finding.target}: {finding.message}")
     failed = sum(not f.ok for f in findings)
     _write(f"{len(findings)} target checks, {failed} failed")
-    if args.record and not failed:
+    if (args.record or args.refingerprint) and not failed:
         old = path.read_text(encoding="utf-8")
-        _diff_or_write(path, old, writer.replace_patches(old, updated.patches), check=False)
+        _write_matrix(path, old, writer.replace_patches(old, updated.patches), updated)
     return 1 if failed else 0
 
 
@@ -119,7 +150,7 @@ def _merge(args: argparse.Namespace) -> int:
     path = _matrix_path(args)
     old = path.read_text(encoding="utf-8")
     updated = merge_contribution(load(path), load(Path(args.file)))
-    return _diff_or_write(path, old, writer.replace_patches(old, updated.patches), args.check)
+    return _write_matrix(path, old, writer.replace_patches(old, updated.patches), updated, args.check)
 
 
 def _outdated(args: argparse.Namespace) -> int:
@@ -182,9 +213,14 @@ def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     static.add_argument("--add", action="append", default=[], metavar="DIST==VERSION[,...]",
                         help="also check these releases for every variant whose range holds them (recorded "
                              "with --record)")
+    static.add_argument("--refingerprint", action="store_true",
+                        help="recompute every recorded fingerprint from its artifact with today's fingerprint "
+                             "function (after a fingerprint format change) and write them")
     static.add_argument("--symbols",
                         help="survey the symbols of a YAML file {dist: {versions: [...], symbols: [...]}} instead")
     static.add_argument("--json", action="store_true", help="with --symbols: machine-readable facts")
+    index = command("index", _index, "write patchkit/runtime/_recorded.py, the runtime's copy of the records")
+    index.add_argument("--check", action="store_true", help="write nothing; exit 1 if the index is stale")
     outdated = command("outdated", _outdated, "releases on the index newer than the matrix covers, checked statically")
     outdated.add_argument("--dist", action="append", default=[], help="only this distribution (repeatable)")
     outdated.add_argument("--cache", help="where artifacts are unpacked (default: ~/.cache/patchkit/artifacts)")

@@ -192,3 +192,42 @@ def verify_matrix(matrix: Matrix, patches: Sequence[Registered], cache: Path = D
             if kept:
                 updated.setdefault(patch.id, {})[variant.name] = tuple(kept)
     return findings, dataclasses.replace(matrix, patches=updated)
+
+
+def refingerprint(matrix: Matrix, cache: Path = DEFAULT_CACHE) -> tuple[list[Finding], Matrix]:
+    """Every recorded fingerprint recomputed from its release artifact with today's fingerprint function.
+
+    For a change of the fingerprint format (:data:`patchkit.runtime.fingerprint.FORMAT`), not of
+    upstream code: only targets that already have a fingerprint are touched, records gain no new
+    targets and no ``verified_by`` source. A target is refingerprinted only if the artifact still has
+    it with the recorded signature; anything else is a failed finding and the record is left as is.
+    """
+    findings: list[Finding] = []
+    updated: dict[str, dict[str, tuple[VersionRecord, ...]]] = {}
+    for patch_id, variants in matrix.patches.items():
+        updated[patch_id] = {}
+        for variant_name, records in variants.items():
+            kept = []
+            for rec in records:
+                stale = {t: r for t, r in rec.targets.items() if r.fingerprint is not None}
+                if not stale:
+                    kept.append(rec)
+                    continue
+                shown = ", ".join(f"{d} {v}" for d, v in sorted(rec.versions.items()))
+                trees = {dist: fetch(ArtifactSpec(dist), version, cache) for dist, version in rec.versions.items()}
+                targets = dict(rec.targets)
+                for name, old in stale.items():
+                    target = Target.parse(name)
+                    tree = _tree_for(target, trees)
+                    facts = facts_in(tree, target) if tree is not None else SymbolFacts(ABSENT)
+                    if facts.status == ABSENT or (old.signature is not None and old.signature != facts.signature):
+                        problem = ("absent from the artifact" if facts.status == ABSENT
+                                   else f"signature {facts.signature} differs from the recorded {old.signature}")
+                        findings.append(Finding(patch_id, variant_name, shown, name, False, problem))
+                        continue
+                    targets[name] = TargetRecord(facts.fingerprint, old.signature)
+                    findings.append(Finding(patch_id, variant_name, shown, name, True,
+                                            f"fingerprint {old.fingerprint} -> {facts.fingerprint}"))
+                kept.append(dataclasses.replace(rec, targets=targets))
+            updated[patch_id][variant_name] = tuple(kept)
+    return findings, dataclasses.replace(matrix, patches=updated)

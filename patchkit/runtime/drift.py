@@ -1,36 +1,53 @@
-"""Drift: upstream changed the code a patch replaces, compared with what the matrix recorded.
+"""Comparing installed upstream code with the fingerprints the compatibility matrix recorded.
 
-When a variant is about to install, each of its ``Replace``/``Wrap`` targets is fingerprinted
-(:mod:`patchkit.runtime.fingerprint`) and compared with the fingerprints ``compat_matrix.yaml`` recorded
-for that variant on the versions in its range. A target matching none of them is drifted: the
-patch was verified against other code than what is installed now. A target with no recorded
-fingerprint, or without readable source, is unknown, never drifted.
+Two questions, both answered from fingerprints (:mod:`patchkit.runtime.fingerprint`) of each
+``Replace``/``Wrap`` target as installed now:
 
-This module, the matrix and the fingerprints are loaded only here, when something installs.
+* **drift** (:func:`check`), when a variant is about to install on a version its range holds: a
+  target matching none of the fingerprints recorded for that variant on the versions in its range
+  is drifted. A target with no recorded fingerprint, or without readable source, is unknown, never
+  drifted; so is a release recorded without fingerprints (its tests ran where the targets could
+  not be read).
+* **code identity** (:func:`identity`), for a release beyond every variant's range: if every target
+  of the nearest variant has a fingerprint equal to one recorded for that variant, the code the
+  patch replaces is byte-for-byte (modulo docstrings, comments, layout) code it was verified on.
+
+Where the records come from: by default ``patchkit/runtime/_recorded.py``, a data module the matrix
+tooling generates from ``compat_matrix.yaml`` (``patchkit matrix check`` keeps the two in step), so
+the runtime reads no YAML and imports no tooling. An engine built with an explicit matrix (a path
+or a loaded ``Matrix``: tests, embedders) converts it through the tooling, on first use only.
+
+Costs: fingerprints go through the on-disk cache (:mod:`.fpcache`), so a process parses an upstream
+file only the first time that version of the file is seen on the machine.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping, Union
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, NamedTuple, Union, cast
 
+from . import distinfo, pep440
 from .declaration import Replace, Target, Variant, Wrap
 from .errors import PatchkitError
 
 logger = logging.getLogger(__name__)
 
-if TYPE_CHECKING:  # the matrix package is imported only when something installs
+if TYPE_CHECKING:  # only for an explicit matrix; the default source is the generated index
     from ..matrix.model import Matrix
 
 #: Where the engine reads fingerprints from: a path to a matrix file, a loaded matrix, or None for
-#: the matrix shipped with patchkit.
+#: the records shipped with patchkit (the generated index).
 MatrixSource = Union[str, "os.PathLike[str]", "Matrix", None]
 
+#: versions (sorted (dist, version) pairs), status, sorted (target, fingerprint or None) pairs
+Record = tuple[tuple[tuple[str, str], ...], str, tuple[tuple[str, "str | None"], ...]]
+Index = Mapping[str, Mapping[str, tuple[Record, ...]]]
 
-@dataclass(frozen=True)
-class Drift:
+VERIFIED = "verified"
+
+
+class Drift(NamedTuple):
     """Targets whose installed code matches no fingerprint recorded for the variant's range."""
 
     patch_id: str
@@ -46,16 +63,28 @@ class Drift:
                 f"run its tests and `patchkit matrix record`")
 
 
-def _matrix(source: MatrixSource, strict: bool) -> "Matrix | None":
-    from ..matrix import loader
+class Identity(NamedTuple):
+    """The outcome of comparing a variant's targets with its records, for a release beyond its range."""
+
+    identical: bool
+    #: For identical: the recorded versions each target matched; otherwise what stopped it, per target.
+    detail: str
+
+
+def _index(source: MatrixSource, strict: bool) -> Index | None:
+    if source is None:
+        from ._recorded import RECORDS
+
+        return cast(Index, RECORDS)
+    from ..matrix import index, loader  # an explicit matrix only: tests and embedders
     from ..matrix.model import Matrix
 
     if isinstance(source, Matrix):
-        return source
+        return index.records(source)
     try:
-        return loader.load(source)
+        return index.records(loader.load(source))
     except FileNotFoundError:
-        logger.debug("patchkit: no compatibility matrix; drift is not checked")
+        logger.debug("patchkit: no compatibility matrix at %s; drift is not checked", source)
         return None
     except PatchkitError:
         if strict:
@@ -66,67 +95,125 @@ def _matrix(source: MatrixSource, strict: bool) -> "Matrix | None":
 
 def _installed_versions(variant: Variant) -> dict[str, str]:
     """The installed version of each distribution the variant requires, as metadata spells it."""
-    from importlib import metadata
-
     found = {}
     for dist in variant.requires:
-        try:
-            found[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            pass
+        version = distinfo.version(dist)
+        if version is not None:
+            found[dist] = version
     return found
 
 
 def _in_range(variant: Variant, versions: Mapping[str, str]) -> bool:
-    from packaging.version import InvalidVersion, Version
+    try:
+        return all(dist in versions and pep440.SpecifierSet(spec).contains(versions[dist])
+                   for dist, spec in variant.requires.items())
+    except (pep440.InvalidVersion, pep440.InvalidSpecifier):
+        return False
 
-    from .versions import specifier
 
-    for dist, spec in variant.requires.items():
-        try:
-            if dist not in versions or not specifier(spec).contains(Version(versions[dist]), prereleases=True):
-                return False
-        except InvalidVersion:
-            return False
-    return True
+def _shown(versions: Iterable[tuple[str, str]]) -> str:
+    return ", ".join(f"{dist} {version}" for dist, version in sorted(versions))
+
+
+def _fingerprinted(variant: Variant) -> list[str]:
+    return [action.target for action in variant.installs if isinstance(action, (Replace, Wrap))]
+
+
+def _current(target: str) -> str | None:
+    from .fingerprint import target_fingerprint
+
+    return target_fingerprint(Target.parse(target), persist=True)
 
 
 def check(patch_id: str, variant: Variant, source: MatrixSource = None, strict: bool = False) -> Drift | None:
-    """Compare ``variant``'s targets, as installed now, with the matrix. None: not drifted or unknown."""
-    matrix = _matrix(source, strict)
-    if matrix is None:
+    """Compare ``variant``'s targets, as installed now, with the records. None: not drifted or unknown."""
+    index = _index(source, strict)
+    if index is None:
         return None
-    from ..matrix.model import VERIFIED
-
-    every_record = matrix.records(patch_id, variant.name)
-    records = [r for r in every_record if r.status == VERIFIED and r.targets and _in_range(variant, r.versions)]
+    every_record = index.get(patch_id, {}).get(variant.name, ())
+    records = [r for r in every_record if r[1] == VERIFIED and r[2] and _in_range(variant, dict(r[0]))]
     if not records:
         return None
     # The installed release itself recorded without a fingerprint (its tests ran where the target
     # could not be read): nothing to compare it with, so unknown, never drift against another release.
     installed = _installed_versions(variant)
-    own_records = [r for r in every_record if dict(r.versions) == installed]
-    from .fingerprint import target_fingerprint
+    own_records = [r for r in every_record if dict(r[0]) == installed]
+    drifted: list[str] = []
+    compared: list[str] = []
+    try:
+        for target in _fingerprinted(variant):
+            recorded = {fp: versions for versions, _, targets in records for t, fp in targets if t == target and fp}
+            if not recorded:
+                continue
+            if own_records and not any(t == target and fp for r in own_records for t, fp in r[2]):
+                continue
+            current = _current(target)
+            if current is None or current in recorded:
+                continue
+            drifted.append(target)
+            for versions in recorded.values():
+                if _shown(versions) not in compared:
+                    compared.append(_shown(versions))
+    finally:
+        from . import fpcache
 
-    drifted, compared = [], []
-    for action in variant.installs:
-        if not isinstance(action, (Replace, Wrap)):
-            continue
-        recorded = {r.targets[action.target].fingerprint: r for r in records
-                    if action.target in r.targets and r.targets[action.target].fingerprint}
-        if not recorded:
-            continue
-        if own_records and not any(action.target in r.targets and r.targets[action.target].fingerprint
-                                   for r in own_records):
-            continue
-        current = target_fingerprint(Target.parse(action.target))
-        if current is None or current in recorded:
-            continue
-        drifted.append(action.target)
-        for record in recorded.values():
-            shown = ", ".join(f"{dist} {version}" for dist, version in sorted(record.versions.items()))
-            if shown not in compared:
-                compared.append(shown)
+        fpcache.flush()
     if not drifted:
         return None
     return Drift(patch_id, variant.name, tuple(drifted), tuple(compared))
+
+
+def _recorded_per_target(index: Index, patch_id: str, variant: Variant) -> dict[str, dict[str, Any]]:
+    """target -> {fingerprint: versions} over the variant's verified records."""
+    found: dict[str, dict[str, Any]] = {target: {} for target in _fingerprinted(variant)}
+    for versions, status, pairs in index.get(patch_id, {}).get(variant.name, ()):
+        if status != VERIFIED:
+            continue
+        for target, fp in pairs:
+            if target in found and fp:
+                found[target].setdefault(fp, versions)
+    return found
+
+
+def identity_blocker(patch_id: str, variant: Variant, source: MatrixSource = None, strict: bool = False) -> str | None:
+    """Why code identity cannot hold whatever is installed (no records, or a target without one), or
+    None if it is worth reading the installed code. Needs no upstream module."""
+    index = _index(source, strict)
+    if index is None:
+        return "no compatibility records to compare the installed code with"
+    recorded = _recorded_per_target(index, patch_id, variant)
+    if not recorded:
+        return f"variant {variant.name} has no fingerprinted target to compare"
+    for target, fingerprints in recorded.items():
+        if not fingerprints:
+            return f"{target}: no fingerprint recorded for variant {variant.name}"
+    return None
+
+
+def identity(patch_id: str, variant: Variant, source: MatrixSource = None, strict: bool = False) -> Identity:
+    """Whether every target of ``variant``, as installed now (its modules imported), has a fingerprint
+    recorded for it on a version the variant was verified on. For a release beyond every range."""
+    blocker = identity_blocker(patch_id, variant, source, strict)
+    if blocker is not None:
+        return Identity(False, blocker)
+    index = _index(source, strict)
+    assert index is not None
+    matched: list[str] = []
+    try:
+        for target, recorded in _recorded_per_target(index, patch_id, variant).items():
+            current = _current(target)
+            if current is None:
+                return Identity(False, f"{target}: the installed code has no readable source")
+            if current not in recorded:
+                return Identity(False, f"{target} differs from every fingerprint recorded for variant "
+                                       f"{variant.name} ({_shown_all(recorded.values())})")
+            matched.append(f"{target} as on {_shown(recorded[current])}")
+    finally:
+        from . import fpcache
+
+        fpcache.flush()
+    return Identity(True, "; ".join(matched))
+
+
+def _shown_all(versions: Iterable[Any]) -> str:
+    return "; ".join(sorted({_shown(v) for v in versions}))

@@ -19,6 +19,7 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 
+from . import gating
 from . import settings as settings_module
 from .catalogue import CatalogueError, Registered
 from .declaration import Patch, Variant, validate
@@ -26,6 +27,7 @@ from .errors import (
     ConfigError,
     DeclarationError,
     DriftError,
+    ForceRefusedError,
     ForeignWrapperError,
     PatchInstallError,
     TargetResolutionError,
@@ -121,6 +123,11 @@ class Engine:
 
     def patch(self, patch_id: str) -> Patch:
         return self._entry(patch_id, "patch id").patch
+
+    def installed_actions(self, patch_id: str) -> tuple[Installed | Registration, ...]:
+        """What a patch installed in this process (empty unless it is applied), newest last."""
+        with self._lock:
+            return tuple(self._entry(patch_id, "patch id").installed)
 
     def package(self, patch_id: str) -> str | None:
         """The package a patch's relative references (actions, self-check) resolve against."""
@@ -286,15 +293,45 @@ class Engine:
         if selection.outcome is Outcome.DEFERRED:
             self._wait(entry, selection.waiting_for, selection.detail)
             return
+        forced_native = gating.native_refusal(patch, found, selection) if entry.settings.is_forced(patch.id) else None
+        if forced_native is not None:
+            refused = ForceRefusedError(patch.id, entry.versions, forced_native.name,
+                                        forced_native.native or "native")
+            if entry.settings.strict:
+                raise refused
+            entry.variant = forced_native
+            entry.set(State.SKIPPED, Reason.NATIVE, forced_native.native or "native", error=str(refused))
+            logger.error("patchkit: %s", refused)
+            return
+        identical = None
         if selection.outcome is Outcome.UNSUPPORTED:
-            if not (entry.settings.is_forced(patch.id) and selection.nearest is not None):
-                if entry.settings.strict:
-                    raise UnsupportedVersionError(patch.id, entry.versions, (v.name for v in patch.variants))
-                entry.set(State.SKIPPED, Reason.UNSUPPORTED_VERSION, selection.detail)
-                logger.warning("patchkit: %s skipped: %s", patch.id, selection.detail)
+            nearest = selection.nearest
+            if entry.settings.is_forced(patch.id) and nearest is not None:
+                forced = True
+                entry.variant = nearest
+            elif nearest is not None and gating.identity_applies(patch, found, selection):
+                # A release past every range: the nearest variant applies if its code is identical,
+                # which can be read only once its modules are imported (patchkit never imports them).
+                blocker = gating.identity_blocker(patch, nearest, self._matrix, entry.settings.strict)
+                if blocker is not None:
+                    self._unsupported(entry, f"{selection.detail}; not code-identical: {blocker}", blocker)
+                    return
+                missing = tuple(m for m in nearest.modules if m != just_imported and not _imported(m))
+                if missing:
+                    self._wait(entry, missing, f"{selection.detail}; its code is compared with variant "
+                                               f"{nearest.name} once {', '.join(missing)} is imported")
+                    return
+                identity = gating.identity(patch, nearest, self._matrix, entry.settings.strict)
+                if not identity.identical:
+                    self._unsupported(entry, f"{selection.detail}; not code-identical: {identity.detail}",
+                                      identity.detail)
+                    return
+                identical = (f"code identical: {selection.detail}, but every target of variant {nearest.name} "
+                             f"is code it was verified on: {identity.detail}")
+                entry.variant = nearest
+            else:
+                self._unsupported(entry, selection.detail)
                 return
-            forced = True
-            entry.variant = selection.nearest
         else:
             entry.variant = selection.variant
         variant = entry.variant
@@ -307,12 +344,22 @@ class Engine:
         if missing:
             self._wait(entry, missing, f"waiting for {', '.join(missing)} to be imported")
             return
-        self._install(entry, variant, forced, selection.detail)
+        self._install(entry, variant, forced, selection.detail, identical)
 
-    def _install(self, entry: _Entry, variant: Variant, forced: bool, unsupported_detail: str) -> None:
+    def _unsupported(self, entry: _Entry, detail: str, identity_detail: str = "") -> None:
         patch = entry.patch
-        # A forced variant is already outside its verified range; drift would only say so again.
-        drift = None if forced else self._drift(entry, variant)
+        if entry.settings.strict:
+            raise UnsupportedVersionError(patch.id, entry.versions, (v.name for v in patch.variants),
+                                          detail=identity_detail)
+        entry.set(State.SKIPPED, Reason.UNSUPPORTED_VERSION, detail)
+        logger.warning("patchkit: %s skipped: %s", patch.id, detail)
+
+    def _install(self, entry: _Entry, variant: Variant, forced: bool, unsupported_detail: str,
+                 identical: str | None = None) -> None:
+        patch = entry.patch
+        # A forced variant is already outside its verified range; drift would only say so again. A
+        # code-identical one was just compared with every record.
+        drift = None if forced or identical else self._drift(entry, variant)
         try:
             entry.installed = install_all(patch.id, variant.installs, entry.registered.package)
         except TargetResolutionError as exc:
@@ -330,6 +377,9 @@ class Engine:
                 entry.set(State.FORCED, Reason.UNSUPPORTED_VERSION, f"forced: {unsupported_detail}")
                 logger.warning("patchkit: %s applied by force (variant %s): %s", patch.id, variant.name,
                                unsupported_detail)
+            elif identical is not None:
+                entry.set(State.APPLIED, Reason.CODE_IDENTICAL, identical)
+                logger.warning("patchkit: %s applied (variant %s): %s", patch.id, variant.name, identical)
             elif drift is not None:
                 entry.set(State.APPLIED, Reason.DRIFTED, drift.detail)
                 logger.warning("patchkit: %s applied (variant %s), but %s", patch.id, variant.name, drift.detail)
@@ -417,12 +467,13 @@ class Engine:
 
 
 # -- post-import hooks ----------------------------------------------------------------------------
-# wrapt hooks fire once and cannot be unregistered, so at most one is armed per module name; it
+# Post-import hooks (patchkit.runtime.hooks) fire once and cannot be unregistered, so at most one
+# is armed per module name; it
 # dispatches to whichever engines are alive, and each engine ignores modules it no longer waits for.
 
 _ENGINES: "weakref.WeakSet[Engine]" = weakref.WeakSet()
 _ARMED: set[str] = set()
-_WATCH_LOCK = threading.RLock()  # wrapt may fire the hook at once, from inside _watch
+_WATCH_LOCK = threading.RLock()  # hooks may fire the hook at once, from inside _watch
 
 
 def _imported(module: str) -> bool:
@@ -443,10 +494,10 @@ def _watch(module: str) -> None:
             return
         if module not in sys.modules:
             _ARMED.add(module)
-            import wrapt  # imported only once some patch waits for an import: it costs ~10 ms
+            from . import hooks
 
-            # wrapt calls the hook at once, outside this lock, if the module got imported meanwhile.
-            wrapt.register_post_import_hook(_on_import, module)
+            # hooks calls it at once, outside this lock, if the module got imported meanwhile.
+            hooks.register(module, _on_import)
             return
     _dispatch(module)
 

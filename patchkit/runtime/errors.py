@@ -36,13 +36,17 @@ class UnknownPatchError(ConfigError, LookupError):
 class UnsupportedVersionError(PatchkitError):
     """The installed upstream matches none of a patch's variants (raised in strict mode only)."""
 
-    def __init__(self, patch_id: str, versions: dict[str, str | None], supported: Iterable[str]) -> None:
+    def __init__(self, patch_id: str, versions: dict[str, str | None], supported: Iterable[str],
+                 detail: str = "") -> None:
         self.patch_id = patch_id
         self.versions = versions
         self.supported = tuple(supported)
+        #: Why code identity did not apply, naming the target (for a release beyond every range).
+        self.detail = detail
         found = ", ".join(f"{dist} {ver}" for dist, ver in versions.items())
+        why = f"; not code-identical: {detail}" if detail else ""
         super().__init__(
-            f"{patch_id}: installed {found} is outside every verified range ({'; '.join(self.supported)}); "
+            f"{patch_id}: installed {found} is outside every verified range ({'; '.join(self.supported)}){why}; "
             f"set PATCHKIT_FORCE={patch_id} to apply the nearest variant anyway, or PATCHKIT_DISABLE={patch_id}"
         )
 
@@ -94,4 +98,22 @@ class DriftError(PatchkitError):
             f"recorded for variant {variant} on {'; '.join(self.compared)}; check the patch against the installed "
             f"upstream, then run its tests and `patchkit matrix record`, or set PATCHKIT_STRICT=0 to apply it "
             f"with a warning"
+        )
+
+
+class ForceRefusedError(PatchkitError):
+    """``PATCHKIT_FORCE`` named a patch that upstream has natively on the installed version.
+
+    Forcing would install the patch on top of upstream's own implementation: the behaviour twice
+    (Megatron-Bridge 0.5+ renumbers local experts itself; forcing the old renumbering made rank 3
+    of 4 export experts 12, 13 instead of 6, 7). Nothing is installed.
+    """
+
+    def __init__(self, patch_id: str, versions: dict[str, str | None], native_variant: str, why: str) -> None:
+        self.patch_id = patch_id
+        self.native_variant = native_variant
+        shown = ", ".join(f"{d} {v}" for d, v in versions.items())
+        super().__init__(
+            f"{patch_id}: PATCHKIT_FORCE refused: upstream has this natively on {shown} (variant {native_variant}: "
+            f"{why}); forcing would apply it twice. Remove {patch_id} from PATCHKIT_FORCE"
         )

@@ -33,6 +33,9 @@ class Reason(str, Enum):
     FOREIGN_WRAPPER = "foreign_wrapper"
     #: Reported with state APPLIED when a target's code matches no fingerprint in compat_matrix.yaml.
     DRIFTED = "drifted"
+    #: Reported with state APPLIED for a release beyond every verified range whose patched code is
+    #: identical to code the variant was verified on (every target's fingerprint is a recorded one).
+    CODE_IDENTICAL = "code_identical"
 
 
 class PatchStatus(NamedTuple):

@@ -1,8 +1,14 @@
 """Which upstream versions are installed, and which variant of a patch they select.
 
 Resolution is lazy about cost: a distribution whose import package cannot be found is "not
-installed" without touching ``importlib.metadata`` (which scans every ``sys.path`` entry), and
-``packaging`` is imported only once something is installed.
+installed" without reading any metadata. Versions come from the distribution's metadata through
+:mod:`.distinfo` (``importlib.metadata``'s answer without its import cost, falling back to it where
+needed) and are compared with :mod:`.pep440` (``packaging``'s rules without its import cost).
+
+Pre-releases: a specifier is evaluated with pre-releases allowed, and PEP 440's bound rules decide
+the rest: ``0.48.0rc1`` is outside both ``<0.48`` and ``>=0.48``. Ranges that should hold a
+version's pre-releases say so with ``rc0`` bounds (``>=0.48.0rc0,<0.49.0rc0``); a pre-release no
+range holds is "beyond the range" like any newer release, and code identity can still apply it.
 """
 
 from __future__ import annotations
@@ -10,14 +16,12 @@ from __future__ import annotations
 import importlib.util
 import sys
 from enum import Enum
-from typing import TYPE_CHECKING, Mapping, NamedTuple
+from typing import Any, Mapping, NamedTuple
 
+from . import distinfo, pep440
 from .declaration import Patch, Variant
 from .errors import DeclarationError
-
-if TYPE_CHECKING:
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import Version
+from .pep440 import SpecifierSet, Version
 
 
 class Availability(Enum):
@@ -46,11 +50,9 @@ def _top_level_findable(module: str) -> bool:
 
 
 def _parse(raw: str) -> "Version | None":
-    from packaging.version import InvalidVersion, Version
-
     try:
-        return Version(raw)
-    except InvalidVersion:
+        return pep440.parse(raw)
+    except pep440.InvalidVersion:
         return None
 
 
@@ -63,12 +65,7 @@ def installed_version(distribution: str, module: str | None = None) -> Installed
     """
     if module is not None and not _top_level_findable(module):
         return InstalledVersion(Availability.MISSING)
-    from importlib import metadata
-
-    try:
-        raw = metadata.version(distribution)
-    except metadata.PackageNotFoundError:
-        raw = None
+    raw = distinfo.version(distribution)
     if raw is None and module is not None:
         imported = sys.modules.get(module)
         if imported is None:
@@ -92,12 +89,10 @@ def _module_findable(module: str) -> bool:
         return False
 
 
-def specifier(spec: str) -> "SpecifierSet":
-    from packaging.specifiers import InvalidSpecifier, SpecifierSet
-
+def specifier(spec: str) -> SpecifierSet:
     try:
         return SpecifierSet(spec)
-    except InvalidSpecifier as exc:
+    except (pep440.InvalidSpecifier, pep440.InvalidVersion) as exc:
         raise DeclarationError(f"invalid version specifier {spec!r}: {exc}") from None
 
 
@@ -107,7 +102,7 @@ def variant_matches(variant: Variant, versions: Mapping[str, InstalledVersion]) 
         found = versions.get(dist)
         if found is None or found.version is None:
             return False
-        if not specifier(spec).contains(found.version, prereleases=True):
+        if not specifier(spec).contains(found.version):
             return False
     return True
 
@@ -154,11 +149,9 @@ def _present(found: InstalledVersion | None) -> bool:
     return found is not None and found.availability is Availability.INSTALLED
 
 
-def _lower_bound(spec: str) -> "Version":
-    from packaging.version import Version
-
-    bounds = [Version(s.version) for s in specifier(spec) if s.operator in (">=", ">", "==", "~=")]
-    return max(bounds) if bounds else Version("0")
+def _lower_bound(spec: str) -> tuple[Any, ...]:
+    bounds = [v.key() for op, v in specifier(spec).bounds() if op in (">=", ">", "==", "~=")]
+    return max(bounds) if bounds else pep440.parse("0").key()
 
 
 def _nearest(candidates: list[Variant], versions: Mapping[str, InstalledVersion]) -> Variant | None:
@@ -166,7 +159,7 @@ def _nearest(candidates: list[Variant], versions: Mapping[str, InstalledVersion]
 
     Judged on each variant's first required distribution, the one the patch is about.
     """
-    def key(variant: Variant) -> "Version":
+    def key(variant: Variant) -> tuple[Any, ...]:
         dist, spec = next(iter(variant.requires.items()))
         return _lower_bound(spec)
 
@@ -175,5 +168,19 @@ def _nearest(candidates: list[Variant], versions: Mapping[str, InstalledVersion]
         return None
     dist = next(iter(ordered[0].requires))
     installed = versions[dist].version
-    below = [v for v in ordered if installed is not None and key(v) <= installed]
+    below = [v for v in ordered if installed is not None and key(v) <= installed.key()]
     return below[-1] if below else ordered[0]
+
+
+def beyond_every_range(patch: Patch, versions: Mapping[str, InstalledVersion]) -> bool:
+    """Whether the installed version of the patch's main distribution is above every variant's range.
+
+    Code identity (:mod:`.drift`) only ever applies a variant to a *newer* release: one between two
+    ranges, or below the first, is a gap in what was verified, not a release patchkit has not seen.
+    """
+    dist = patch.distributions[0] if patch.distributions else None
+    installed = versions.get(dist) if dist else None
+    if installed is None or installed.version is None:
+        return False
+    ranges = [specifier(spec) for v in patch.variants for d, spec in v.requires.items() if d == dist]
+    return bool(ranges) and all(r.above(installed.version) for r in ranges)

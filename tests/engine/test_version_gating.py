@@ -147,3 +147,154 @@ def test_overlapping_variants_are_a_declaration_error(engine, make_upstream):
     up.import_core()
     (record,) = engine.apply_all()
     assert record.state is State.FAILED and "overlap" in record.error
+
+
+# -- code identity: a release past every range whose patched code did not change -------------------
+
+MATRIX = "schema: 1\nenvironments:\n  toy:\n    install: []\n    tests: [tests/engine]\n"
+
+
+def _recorded(tmp_path, patch, up):
+    """compat_matrix.yaml as `patchkit matrix record --env toy` writes it with ``up`` installed."""
+    from patchkit.matrix.record import record
+    from patchkit.matrix.schema import parse
+    from patchkit.matrix.writer import replace_patches
+    from patchkit.runtime.catalogue import Registered
+
+    matrix = record(parse(MATRIX), [Registered(patch, None)], "toy")
+    path = tmp_path / "compat_matrix.yaml"
+    path.write_text(replace_patches(MATRIX, matrix.patches))
+    return path
+
+
+def _engine(patch, matrix):
+    from patchkit import Engine
+    from patchkit.runtime.catalogue import Registered
+
+    return Engine([Registered(patch, None)], matrix=matrix)
+
+
+def _moved(like, version, monkeypatch, *, change=None):
+    """Another release of ``like`` (same distribution and package) in front on sys.path; the same
+    code except ``change`` and its ``__version__`` line."""
+    import dataclasses
+    import shutil
+    import sys
+
+    root = like.root.parent / f"{like.root.name}-{version}"
+    shutil.copytree(like.root / like.package, root / like.package)
+    core = root / like.package / "core.py"
+    text = core.read_text().replace(f'__version__ = "{like.version}"', f'__version__ = "{version}"')
+    core.write_text(text.replace(*change) if change else text)
+    info = root / f"{like.dist.replace('-', '_')}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {like.dist}\nVersion: {version}\n")
+    for name in [m for m in sys.modules if m == like.package or m.startswith(like.package + ".")]:
+        del sys.modules[name]
+    monkeypatch.syspath_prepend(str(root))
+    return dataclasses.replace(like, version=version, root=root)
+
+
+@pytest.mark.parametrize("version", ["3.0", "3.7.1", "3.0.0rc1", "4.0.0.dev2"])
+def test_a_release_past_every_range_with_identical_code_applies_as_code_identical(make_upstream, tmp_path,
+                                                                                   monkeypatch, version):
+    verified = make_upstream("2.5", dist="toyup-ident")
+    matrix = _recorded(tmp_path, two_variant_patch(verified), verified)
+    up = _moved(verified, version, monkeypatch)
+    engine = _engine(two_variant_patch(up), matrix)
+    try:
+        (pending,) = engine.apply_all()
+        assert pending.state is State.PENDING and "compared with variant" in pending.detail  # nothing imported
+        core = up.import_core()
+        (record,) = engine.status()
+        assert (record.state, record.reason) == (State.APPLIED, Reason.CODE_IDENTICAL)
+        assert record.variant == "toyup-ident>=2.0,<3.0" and "toyup-ident 2.5" in record.detail
+        assert record.to_dict()["reason"] == "code_identical"
+        assert core.Model.__dict__["forward"] is new_forward
+    finally:
+        engine.revert_all()
+
+
+def test_a_changed_target_keeps_a_release_past_every_range_skipped_and_names_it(make_upstream, tmp_path,
+                                                                                 monkeypatch) -> None:
+    verified = make_upstream("2.5", dist="toyup-changed")
+    matrix = _recorded(tmp_path, two_variant_patch(verified), verified)
+    up = _moved(verified, "3.1", monkeypatch, change=("return x + 1", "return x + 2"))
+    engine = _engine(two_variant_patch(up), matrix)
+    engine.apply_all()
+    core = up.import_core()
+    (record,) = engine.status()
+    assert (record.state, record.reason) == (State.SKIPPED, Reason.UNSUPPORTED_VERSION)
+    assert f"{up.target('Model.forward')} differs" in record.detail
+    assert "forward" not in {k for k, v in core.Model.__dict__.items() if v in (new_forward, old_forward)}
+
+
+def test_strict_mode_raises_for_a_changed_release_and_force_still_forces(make_upstream, tmp_path,
+                                                                         monkeypatch) -> None:
+    from patchkit import UnsupportedVersionError
+
+    verified = make_upstream("2.5", dist="toyup-strict")
+    matrix = _recorded(tmp_path, two_variant_patch(verified), verified)
+    up = _moved(verified, "3.1", monkeypatch, change=("return x + 1", "return x + 2"))
+    engine = _engine(two_variant_patch(up), matrix)
+    up.import_core()
+    with pytest.raises(UnsupportedVersionError) as caught:
+        engine.apply_all(strict=True)
+    assert up.target("Model.forward") in str(caught.value)
+    forced_engine = _engine(two_variant_patch(up), matrix)
+    (forced,) = forced_engine.apply_all(force="toy.forward")
+    assert forced.state is State.FORCED
+    forced_engine.revert_all()
+
+
+def test_code_identity_needs_records_and_never_fills_a_gap_between_ranges(make_upstream, tmp_path,
+                                                                          monkeypatch) -> None:
+    verified = make_upstream("2.5", dist="toyup-gap")
+    matrix = _recorded(tmp_path, two_variant_patch(verified), verified)
+    # no records at all (the shipped index knows no toy patch): known before anything is imported
+    up = make_upstream("3.1", dist="toyup-norecord")
+    (record,) = _engine(two_variant_patch(up), None).apply_all()
+    assert record.state is State.SKIPPED and "no fingerprint recorded" in record.detail
+    # 0.9 is below every range: a gap, not a new release
+    low = _moved(verified, "0.9", monkeypatch)
+    low.import_core()
+    (record,) = _engine(two_variant_patch(low), matrix).apply_all()
+    assert record.state is State.SKIPPED and "code" not in record.detail
+
+
+# -- PATCHKIT_FORCE never installs what upstream has natively ---------------------------------------
+
+def _native_from_3(up) -> Patch:
+    return Patch(
+        id="toy.native", summary="s", why="w", upstream="u", removal="r",
+        variants=(
+            Variant(requires={up.dist: "<2"}, installs=(Replace(up.target("Model.forward"), new_forward),)),
+            Variant(requires={up.dist: ">=3,<4"}, native="upstream renumbers experts itself since 3.0"),
+        ),
+    )
+
+
+@pytest.mark.parametrize("version", ["3.2", "4.1"])
+def test_force_is_refused_where_upstream_is_native(engine, make_upstream, version) -> None:
+    from patchkit import ForceRefusedError
+
+    up = make_upstream(version)
+    engine.register(_native_from_3(up))
+    core = up.import_core()
+    original = core.Model.__dict__["forward"]
+    (record,) = engine.apply_all(force="toy.native")
+    assert (record.state, record.reason) == (State.SKIPPED, Reason.NATIVE)
+    assert "PATCHKIT_FORCE refused" in record.error and "apply it twice" in record.error
+    assert core.Model.__dict__["forward"] is original
+    with pytest.raises(ForceRefusedError, match="upstream renumbers experts itself"):
+        engine.apply_all(force="toy.native", strict=True)
+    assert core.Model.__dict__["forward"] is original
+
+
+def test_force_still_applies_where_no_native_range_starts(engine, make_upstream) -> None:
+    up = make_upstream("2.5")  # between the ranges: <2 installs, native starts at 3
+    engine.register(_native_from_3(up))
+    core = up.import_core()
+    (record,) = engine.apply_all(force="toy.native")
+    assert record.state is State.FORCED
+    assert core.Model.__dict__["forward"] is new_forward

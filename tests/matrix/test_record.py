@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from patchkit import Add, Patch, Replace, Variant, Wrap
@@ -103,3 +105,34 @@ def test_a_variant_over_two_distributions_records_the_combination(make_dist) -> 
     assert entry.versions == {first.name: "1.2.3", second.name: "0.4.0"}
     written = replace_patches(MATRIX, matrix.patches)
     assert f'versions: {{{first.name}: "1.2.3", {second.name}: "0.4.0"}}' in written
+
+
+def test_the_runtime_index_is_in_step_with_the_shipped_matrix() -> None:
+    from patchkit.matrix import index, load
+
+    shipped = load(Path(__file__).resolve().parents[2] / "compat_matrix.yaml")
+    assert index.PATH.read_text(encoding="utf-8") == index.render(shipped), "run `patchkit matrix index`"
+    from patchkit.runtime import _recorded, fingerprint
+
+    assert _recorded.FORMAT == fingerprint.FORMAT
+
+
+def test_drift_and_code_identity_at_run_time_import_no_tooling_and_no_yaml() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, patchkit\n"
+        "from patchkit.runtime import drift\n"
+        "from patchkit.runtime.declaration import Variant, Replace\n"
+        # a real record's variant name, with a target no upstream has: nothing upstream gets imported
+        "v = Variant({'megatron-core': '>=0.14,<0.20'}, (Replace('patchkit_absent_module:"
+        "RouterReplay.get_replay_topk', len),), label='megatron-core>=0.14,<0.20')\n"
+        "drift.check('megatron.router_replay_validation', v)\n"
+        "drift.identity_blocker('megatron.router_replay_validation', v)\n"
+        "bad = sorted(m for m in sys.modules if m.startswith(('patchkit.matrix', 'yaml', 'packaging', 'wrapt', "
+        "'importlib.metadata', 'email')))\n"
+        "assert not bad, bad\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr

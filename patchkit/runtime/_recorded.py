@@ -1,0 +1,345 @@
+# ruff: noqa: E501
+"""Generated from compat_matrix.yaml by `patchkit matrix index` (also run by `record` and `static`).
+
+Do not edit: `patchkit matrix check` fails when this is out of step with the matrix. Read by
+patchkit.runtime.drift: RECORDS[patch id][variant name] is a tuple of records, each
+(versions as sorted (distribution, version) pairs, status, sorted (target, fingerprint or None) pairs).
+"""
+
+FORMAT = 2
+
+RECORDS = {
+    'bridge.expert_local_to_global': {
+        'megatron-bridge>=0.2.0rc0,<0.4.0rc0': (
+            ((('megatron-bridge', '0.2.0rc6'),), 'verified', (
+                ('megatron.bridge.models.conversion.model_bridge:_megatron_local_name_to_global', 'b288d6c2bbd3ccca'),
+            )),
+            ((('megatron-bridge', '0.3.1'),), 'verified', (
+            )),
+        ),
+    },
+    'bridge.expert_sort_key': {
+        'megatron-bridge>=0.2.0rc0,<0.4.0rc0': (
+            ((('megatron-bridge', '0.2.0rc6'),), 'verified', (
+                ('megatron.bridge.models.conversion.model_bridge:extract_sort_key', '7b8e91835b9a79ba'),
+            )),
+            ((('megatron-bridge', '0.3.1'),), 'verified', (
+            )),
+        ),
+    },
+    'bridge.modelopt_layer_spec': {
+        'megatron-bridge>=0.2.0rc0,<0.3.0rc0': (
+            ((('megatron-bridge', '0.2.0rc6'),), 'native', (
+            )),
+        ),
+        'megatron-bridge>=0.3.0rc0,<0.4.0rc0': (
+            ((('megatron-bridge', '0.3.1'),), 'verified', (
+            )),
+        ),
+    },
+    'bridge.quant_linear_parallelism': {
+        'megatron-bridge>=0.2.0rc0,<0.4.0rc0': (
+            ((('megatron-bridge', '0.2.0rc6'),), 'verified', (
+                ('megatron.bridge.models.conversion.param_mapping:AutoMapping._detect_parallelism_type', '0f89611d8da551bc'),
+            )),
+            ((('megatron-bridge', '0.3.1'),), 'verified', (
+                ('megatron.bridge.models.conversion.param_mapping:AutoMapping._detect_parallelism_type', '0f89611d8da551bc'),
+            )),
+        ),
+    },
+    'bridge.skip_quantizer_params': {
+        'megatron-bridge>=0.2.0rc0,<0.4.0rc0': (
+            ((('megatron-bridge', '0.2.0rc6'),), 'verified', (
+                ('megatron.bridge.models.conversion.model_bridge:persistent_buffers', 'd0ee27e83204d122'),
+            )),
+            ((('megatron-bridge', '0.3.1'),), 'verified', (
+            )),
+        ),
+    },
+    'megatron.moe_alltoall_replay_token_count': {
+        'megatron-core>=0.14,<0.20': (
+            ((('megatron-core', '0.14.0'),), 'verified', (
+                ('megatron.core.transformer.moe.token_dispatcher:MoEAlltoAllTokenDispatcher.preprocess', '81eae65c2eb06ab9'),
+            )),
+            ((('megatron-core', '0.15.3'),), 'verified', (
+                ('megatron.core.transformer.moe.token_dispatcher:MoEAlltoAllTokenDispatcher.preprocess', '81eae65c2eb06ab9'),
+            )),
+            ((('megatron-core', '0.16.1'),), 'verified', (
+                ('megatron.core.transformer.moe.token_dispatcher:MoEAlltoAllTokenDispatcher.preprocess', '6778e51297edae81'),
+            )),
+            ((('megatron-core', '0.17.1'),), 'verified', (
+                ('megatron.core.transformer.moe.token_dispatcher:MoEAlltoAllTokenDispatcher.preprocess', '6778e51297edae81'),
+            )),
+            ((('megatron-core', '0.18.2'),), 'verified', (
+                ('megatron.core.transformer.moe.token_dispatcher:MoEAlltoAllTokenDispatcher.preprocess', '6778e51297edae81'),
+            )),
+            ((('megatron-core', '0.19.2'),), 'verified', (
+                ('megatron.core.transformer.moe.token_dispatcher:MoEAlltoAllTokenDispatcher.preprocess', '6778e51297edae81'),
+            )),
+        ),
+    },
+    'megatron.mtp_detach_inputs': {
+        'detach-in-get-embeddings': (
+            ((('megatron-core', '0.14.0'),), 'verified', (
+                ('megatron.core.transformer.multi_token_prediction:MultiTokenPredictionLayer._get_embeddings', 'd043121893c73656'),
+            )),
+            ((('megatron-core', '0.15.3'),), 'verified', (
+                ('megatron.core.transformer.multi_token_prediction:MultiTokenPredictionLayer._get_embeddings', 'd043121893c73656'),
+            )),
+            ((('megatron-core', '0.16.1'),), 'verified', (
+                ('megatron.core.transformer.multi_token_prediction:MultiTokenPredictionLayer._get_embeddings', 'af08fd147e94e37a'),
+            )),
+            ((('megatron-core', '0.17.1'),), 'verified', (
+                ('megatron.core.transformer.multi_token_prediction:MultiTokenPredictionLayer._get_embeddings', 'af08fd147e94e37a'),
+            )),
+            ((('megatron-core', '0.18.2'),), 'verified', (
+                ('megatron.core.transformer.multi_token_prediction:MultiTokenPredictionLayer._get_embeddings', '8fe6b056ae0a2919'),
+            )),
+            ((('megatron-core', '0.19.2'),), 'verified', (
+                ('megatron.core.transformer.multi_token_prediction:MultiTokenPredictionLayer._get_embeddings', '82cecc4109993c8f'),
+            )),
+        ),
+    },
+    'megatron.mtp_postprocess': {
+        'inline-mtp-loss': (
+            ((('megatron-core', '0.14.0'),), 'verified', (
+                ('megatron.core.models.gpt.gpt_model:GPTModel._postprocess', '376edb5455f02cdd'),
+            )),
+            ((('megatron-core', '0.15.3'),), 'verified', (
+                ('megatron.core.models.gpt.gpt_model:GPTModel._postprocess', '8f6025863545ec9b'),
+            )),
+            ((('megatron-core', '0.16.1'),), 'verified', (
+                ('megatron.core.models.gpt.gpt_model:GPTModel._postprocess', 'bc9d7fba37cd4afa'),
+            )),
+        ),
+        'output-processor': (
+            ((('megatron-core', '0.18.2'),), 'verified', (
+                ('megatron.core.models.gpt.gpt_model:GPTModel._postprocess', '3c9b703f02d84ae9'),
+            )),
+            ((('megatron-core', '0.19.2'),), 'verified', (
+                ('megatron.core.models.gpt.gpt_model:GPTModel._postprocess', 'bab56ade7201601a'),
+            )),
+        ),
+        'process-mtp-loss': (
+            ((('megatron-core', '0.17.1'),), 'verified', (
+                ('megatron.core.models.gpt.gpt_model:GPTModel._postprocess', '9dcc1abe37a96976'),
+            )),
+        ),
+    },
+    'megatron.router_replay': {
+        "megatron-core>=0.14,<0.16: backport of 0.16's replay onto TopKRouter": (
+            ((('megatron-core', '0.14.0'),), 'verified', (
+                ('megatron.core.transformer.moe.router:TopKRouter.__init__', '2397b6fc053560d0'),
+                ('megatron.core.transformer.moe.router:TopKRouter.routing', '6a6917ce267827b0'),
+                ('megatron.core.transformer.moe.router:topk_routing_with_score_function', 'd7c267a7d5bc7473'),
+            )),
+            ((('megatron-core', '0.15.3'),), 'verified', (
+                ('megatron.core.transformer.moe.router:TopKRouter.__init__', 'fd938166311d8a43'),
+                ('megatron.core.transformer.moe.router:TopKRouter.routing', '42b25d11403086e5'),
+                ('megatron.core.transformer.moe.router:topk_routing_with_score_function', 'fee0a325bfb6d4e8'),
+            )),
+        ),
+        'megatron-core>=0.16,<0.20': (
+            ((('megatron-core', '0.16.1'),), 'native', (
+            )),
+            ((('megatron-core', '0.17.1'),), 'native', (
+            )),
+            ((('megatron-core', '0.19.2'),), 'native', (
+            )),
+        ),
+    },
+    'megatron.router_replay_validation': {
+        'megatron-core>=0.14,<0.20': (
+            ((('megatron-core', '0.14.0'),), 'verified', (
+            )),
+            ((('megatron-core', '0.15.3'),), 'verified', (
+            )),
+            ((('megatron-core', '0.16.1'),), 'verified', (
+                ('megatron.core.transformer.moe.router:RouterReplay.get_replay_topk', '0be86028ce702456'),
+            )),
+            ((('megatron-core', '0.17.1'),), 'verified', (
+                ('megatron.core.transformer.moe.router:RouterReplay.get_replay_topk', '0be86028ce702456'),
+            )),
+            ((('megatron-core', '0.18.2'),), 'verified', (
+                ('megatron.core.transformer.moe.router:RouterReplay.get_replay_topk', '0be86028ce702456'),
+            )),
+            ((('megatron-core', '0.19.2'),), 'verified', (
+                ('megatron.core.transformer.moe.router:RouterReplay.get_replay_topk', '0be86028ce702456'),
+            )),
+        ),
+    },
+    'megatron.swiglu_singleton_local_shards': {
+        'megatron-core>=0.14.0rc0': (
+            ((('megatron-core', '0.14.0'),), 'native', (
+            )),
+            ((('megatron-core', '0.15.3'),), 'native', (
+            )),
+            ((('megatron-core', '0.16.1'),), 'native', (
+            )),
+            ((('megatron-core', '0.17.1'),), 'native', (
+            )),
+            ((('megatron-core', '0.19.2'),), 'native', (
+            )),
+        ),
+    },
+    'modelopt.nvfp4_cpu_fake_quant': {
+        'nvidia-modelopt>=0.43,<0.48': (
+            ((('nvidia-modelopt', '0.43.0'),), 'verified', (
+            )),
+            ((('nvidia-modelopt', '0.47.0'),), 'verified', (
+            )),
+        ),
+    },
+    'vllm.nvfp4_refit': {
+        'modelopt-linear-method': (
+            ((('vllm', '0.30.0'),), 'verified', (
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptLinearMethod.create_weights', '381f86b25f27f677'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptLinearMethod.process_weights_after_loading', '509eca2ac4baaa26'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE.create_weights', 'bee4595d0936c837'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE.process_weights_after_loading', 'a5791af99c08073c'),
+            )),
+            ((('vllm', '0.31.0'),), 'verified', (
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptLinearMethod.create_weights', 'e796b3e8a6f3335d'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptLinearMethod.process_weights_after_loading', 'a37e2be700fb8d64'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE.create_weights', 'bee4595d0936c837'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE.process_weights_after_loading', 'a5791af99c08073c'),
+            )),
+            ((('vllm', '0.32.0'),), 'verified', (
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptLinearMethod.create_weights', 'e796b3e8a6f3335d'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptLinearMethod.process_weights_after_loading', 'a37e2be700fb8d64'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE.create_weights', 'bee4595d0936c837'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE.process_weights_after_loading', 'f475f1c66677e90a'),
+            )),
+        ),
+        'modelopt-nvfp4-linear': (
+            ((('vllm', '0.12.0'),), 'verified', (
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE.create_weights', '14a0feea4c20875e'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE.process_weights_after_loading', '3ce4ce7150ab6667'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4LinearMethod.create_weights', '93d48b453108c3e2'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4LinearMethod.process_weights_after_loading', '87a982df49f5f689'),
+            )),
+            ((('vllm', '0.13.0'),), 'verified', (
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE.create_weights', '14a0feea4c20875e'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE.process_weights_after_loading', '4d141dd94f517f75'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4LinearMethod.create_weights', '93d48b453108c3e2'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4LinearMethod.process_weights_after_loading', '87a982df49f5f689'),
+            )),
+            ((('vllm', '0.14.1'),), 'verified', (
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE.create_weights', '3a085a4c5c5e913e'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE.process_weights_after_loading', '0af0d0b996601d84'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4LinearMethod.create_weights', '93d48b453108c3e2'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4LinearMethod.process_weights_after_loading', '87a982df49f5f689'),
+            )),
+            ((('vllm', '0.15.1'),), 'verified', (
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE.create_weights', '96f3143d62fa2922'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE.process_weights_after_loading', '2fa975444fef6359'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4LinearMethod.create_weights', '93d48b453108c3e2'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4LinearMethod.process_weights_after_loading', '87a982df49f5f689'),
+            )),
+            ((('vllm', '0.16.0'),), 'verified', (
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE.create_weights', '96f3143d62fa2922'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE.process_weights_after_loading', '0c85d770204e0aa8'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4LinearMethod.create_weights', '80275d0f88a64c75'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4LinearMethod.process_weights_after_loading', 'bedf7da21cc56622'),
+            )),
+            ((('vllm', '0.17.1'),), 'verified', (
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE.create_weights', '96f3143d62fa2922'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE.process_weights_after_loading', '1cdedefd49aab47e'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4LinearMethod.create_weights', '80275d0f88a64c75'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4LinearMethod.process_weights_after_loading', 'bedf7da21cc56622'),
+            )),
+            ((('vllm', '0.18.1'),), 'verified', (
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE.create_weights', '96f3143d62fa2922'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE.process_weights_after_loading', '5b42c51d5adbdde8'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4LinearMethod.create_weights', '80275d0f88a64c75'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4LinearMethod.process_weights_after_loading', 'bedf7da21cc56622'),
+            )),
+            ((('vllm', '0.19.1'),), 'verified', (
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE.create_weights', '96f3143d62fa2922'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE.process_weights_after_loading', '5b42c51d5adbdde8'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4LinearMethod.create_weights', '80275d0f88a64c75'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4LinearMethod.process_weights_after_loading', 'bedf7da21cc56622'),
+            )),
+            ((('vllm', '0.20.2'),), 'verified', (
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE.create_weights', '96f3143d62fa2922'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE.process_weights_after_loading', '5b42c51d5adbdde8'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4LinearMethod.create_weights', '80275d0f88a64c75'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4LinearMethod.process_weights_after_loading', 'fabfc933ff4b9655'),
+            )),
+        ),
+        'modelopt-nvfp4-linear-w4a16': (
+            ((('vllm', '0.21.0'),), 'verified', (
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE.create_weights', '96f3143d62fa2922'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE.process_weights_after_loading', '5b42c51d5adbdde8'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4LinearMethod.create_weights', '80275d0f88a64c75'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4LinearMethod.process_weights_after_loading', 'fabfc933ff4b9655'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4W4A16LinearMethod.create_weights', 'b91749e2a598532c'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4W4A16LinearMethod.process_weights_after_loading', '0f89b7b1c40c203f'),
+            )),
+            ((('vllm', '0.22.1'),), 'verified', (
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE.create_weights', 'bee4595d0936c837'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE.process_weights_after_loading', '82dad7b4eb224cb5'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4LinearMethod.create_weights', '80275d0f88a64c75'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4LinearMethod.process_weights_after_loading', 'fabfc933ff4b9655'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4W4A16LinearMethod.create_weights', 'b91749e2a598532c'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4W4A16LinearMethod.process_weights_after_loading', '0f89b7b1c40c203f'),
+            )),
+            ((('vllm', '0.23.0'),), 'verified', (
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE.create_weights', 'bee4595d0936c837'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE.process_weights_after_loading', '82dad7b4eb224cb5'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4LinearMethod.create_weights', '80275d0f88a64c75'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4LinearMethod.process_weights_after_loading', 'fabfc933ff4b9655'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4W4A16LinearMethod.create_weights', 'b91749e2a598532c'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4W4A16LinearMethod.process_weights_after_loading', '0f89b7b1c40c203f'),
+            )),
+            ((('vllm', '0.24.0'),), 'verified', (
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE.create_weights', 'bee4595d0936c837'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE.process_weights_after_loading', '82dad7b4eb224cb5'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4LinearMethod.create_weights', '524a5189e72b19a6'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4LinearMethod.process_weights_after_loading', 'fabfc933ff4b9655'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4W4A16LinearMethod.create_weights', 'b91749e2a598532c'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4W4A16LinearMethod.process_weights_after_loading', '0f89b7b1c40c203f'),
+            )),
+            ((('vllm', '0.25.1'),), 'verified', (
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE.create_weights', 'bee4595d0936c837'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE.process_weights_after_loading', '4e39afd25632e02e'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4LinearMethod.create_weights', '524a5189e72b19a6'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4LinearMethod.process_weights_after_loading', 'fabfc933ff4b9655'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4W4A16LinearMethod.create_weights', 'b91749e2a598532c'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4W4A16LinearMethod.process_weights_after_loading', '0f89b7b1c40c203f'),
+            )),
+            ((('vllm', '0.26.0'),), 'verified', (
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE.create_weights', 'bee4595d0936c837'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE.process_weights_after_loading', '4e39afd25632e02e'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4LinearMethod.create_weights', '524a5189e72b19a6'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4LinearMethod.process_weights_after_loading', 'fabfc933ff4b9655'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4W4A16LinearMethod.create_weights', 'b91749e2a598532c'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4W4A16LinearMethod.process_weights_after_loading', '0f89b7b1c40c203f'),
+            )),
+            ((('vllm', '0.27.1'),), 'verified', (
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE.create_weights', 'bee4595d0936c837'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE.process_weights_after_loading', '4e39afd25632e02e'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4LinearMethod.create_weights', '524a5189e72b19a6'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4LinearMethod.process_weights_after_loading', 'fabfc933ff4b9655'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4W4A16LinearMethod.create_weights', '768c0458c67d0e87'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4W4A16LinearMethod.process_weights_after_loading', 'eb6f6f1d30854f32'),
+            )),
+            ((('vllm', '0.28.0'),), 'verified', (
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE.create_weights', 'bee4595d0936c837'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE.process_weights_after_loading', 'c71d0c55ab9fb8ea'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4LinearMethod.create_weights', '524a5189e72b19a6'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4LinearMethod.process_weights_after_loading', 'fabfc933ff4b9655'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4W4A16LinearMethod.create_weights', '768c0458c67d0e87'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4W4A16LinearMethod.process_weights_after_loading', 'eb6f6f1d30854f32'),
+            )),
+            ((('vllm', '0.29.0'),), 'verified', (
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE.create_weights', 'bee4595d0936c837'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE.process_weights_after_loading', '87a0ccec5f1fac21'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4LinearMethod.create_weights', '524a5189e72b19a6'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4LinearMethod.process_weights_after_loading', 'fabfc933ff4b9655'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4W4A16LinearMethod.create_weights', '768c0458c67d0e87'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4W4A16LinearMethod.process_weights_after_loading', 'eb6f6f1d30854f32'),
+            )),
+        ),
+    },
+}
