@@ -22,9 +22,12 @@ from patchkit import Call, Patch, Variant
 from ._qat_errors import ModelOptPluginError, QATApplyError, QATCalibrationError, QATConfigError
 
 if TYPE_CHECKING:
+    from ._export_config import export_qat_config
+    from ._export_errors import QATExportError
     from ._qat_apply import apply_qat
     from ._qat_calibration import check_weight_calibration, weight_amax
     from ._qat_config import MODE_ALIASES, SUPPORTED_MODES, build_qat_config
+    from ._qat_export import export_implementation, export_qat_weights
     from ._qat_names import hf_patterns_to_megatron
     from ._qat_settings import QATSettings, qat_settings
 
@@ -33,7 +36,8 @@ CPU_BACKEND_NAME = "patchkit_nvfp4_cpu"
 
 __all__ = [
     "CPU_BACKEND_NAME", "MODE_ALIASES", "PATCHES", "ModelOptPluginError", "QATApplyError", "QATCalibrationError",
-    "QATConfigError", "QATSettings", "SUPPORTED_MODES", "apply_qat", "build_qat_config", "check_weight_calibration",
+    "QATConfigError", "QATExportError", "QATSettings", "SUPPORTED_MODES", "apply_qat", "build_qat_config",
+    "check_weight_calibration", "export_implementation", "export_qat_config", "export_qat_weights",
     "hf_patterns_to_megatron", "qat_settings", "weight_amax",
 ]
 
@@ -47,6 +51,11 @@ _LAZY = {
     "qat_settings": "._qat_settings",
     "check_weight_calibration": "._qat_calibration",
     "weight_amax": "._qat_calibration",
+    # NVFP4 checkpoint export of the QAT model (docs/qat-export.md)
+    "export_qat_weights": "._qat_export",
+    "export_implementation": "._qat_export",
+    "export_qat_config": "._export_config",
+    "QATExportError": "._export_errors",
 }
 
 
