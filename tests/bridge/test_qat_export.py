@@ -152,6 +152,8 @@ import json, sys
 import patchkit
 patchkit.apply_all()                                   # before any upstream import, as trainers do
 from te_stub import bridge_import_context
+from te_harness import load_modelopt_megatron_plugin
+load_modelopt_megatron_plugin()
 with bridge_import_context():
     import megatron.bridge.models.conversion.model_bridge
     import megatron.bridge.models.gpt_provider
