@@ -2,9 +2,9 @@
 
 Derived from ``megatron/bridge/models/gpt_provider.py`` (0.3.1; 0.4.2, 0.5.1, 0.6.2 read the same way:
 ``provide()`` and ``mtp_block_spec()`` call ``self.transformer_layer_spec`` and never look at
-``restore_modelopt_state``, which 0.4+ honour only in the separate ``gpt/gpt_builder.py`` path). In 0.2.0rc6 ``default_layer_spec``
-returned ``quantization_layer_spec(config)`` when ``config.restore_modelopt_state`` was set; 0.3
-renamed that builder ``modelopt_transformer_layer_spec`` and dropped the switch, so a provider asked
+``restore_modelopt_state``, which 0.4+ honour only in the separate ``gpt/gpt_builder.py`` path).
+In 0.2.0rc6 ``default_layer_spec`` returned ``quantization_layer_spec(config)`` when
+``config.restore_modelopt_state`` was set; 0.3 renamed that builder ``modelopt_transformer_layer_spec`` and dropped the switch, so a provider asked
 to restore ModelOpt state silently builds TransformerEngine layers, which ModelOpt before 0.41
 cannot quantize and whose state dict does not match a ModelOpt checkpoint. This wrap restores the
 0.2 behaviour: while ``provide()`` runs, a provider that still has the default spec
@@ -31,7 +31,8 @@ DEFAULT_LAYER_SPEC = gpt_provider.default_layer_spec
 
 
 def modelopt_layer_spec_builder() -> Callable[..., Any]:
-    """Bridge's ModelOpt layer-spec builder: ``modelopt_transformer_layer_spec`` (0.3+), ``quantization_layer_spec`` (0.2)."""
+    """Bridge's ModelOpt layer-spec builder: ``modelopt_transformer_layer_spec`` (0.3+), else 0.2's
+    ``quantization_layer_spec``."""
     for name in ("modelopt_transformer_layer_spec", "quantization_layer_spec"):
         builder = getattr(gpt_provider, name, None)
         if builder is not None:
@@ -49,7 +50,8 @@ def use_modelopt_layer_spec(provider: Any, enabled: bool = True) -> Any:
     decoder and the MTP block (``mtp_block_spec`` reads the same field) are built from it, with
     ``restore_modelopt_state`` left as it is. ``enabled=False`` puts the default spec back if the
     switch had set it; a provider with a spec of its own is refused then rather than overwritten.
-    Returns the provider, so it can wrap the construction: ``use_modelopt_layer_spec(bridge.to_megatron_provider())``.
+    Returns the provider, so it can wrap the construction:
+    ``provider = use_modelopt_layer_spec(bridge.to_megatron_provider())``.
     """
     builder = modelopt_layer_spec_builder()
     current = get_field(provider, "transformer_layer_spec")

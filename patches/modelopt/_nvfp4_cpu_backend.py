@@ -58,16 +58,29 @@ def fp4_round_magnitude(abs_scaled: torch.Tensor) -> torch.Tensor:
     return result
 
 
+@functools.lru_cache(maxsize=1)
+def installed_release_rule() -> str:
+    """The rule of the installed ModelOpt: :data:`RULE_048` from 0.48.0rc0 (pre-releases count), else 0.47's."""
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    return RULE_048 if Version(version("nvidia-modelopt")) >= Version("0.48.0rc0") else RULE_047
+
+
 def nvfp4_fake_quantize(inputs: torch.Tensor, global_amax: torch.Tensor, block_size: int = 16,
-                        rule: str = RULE_047) -> torch.Tensor:
+                        rule: str | None = None) -> torch.Tensor:
     """Fake-quantize ``inputs`` to NVFP4 along its last dimension, in blocks of ``block_size``.
 
     Mirrors ``fp4_fake_quant_kernel``: per-tensor scale ``global_amax / (6 * 448)``; per-block scale
     ``block_amax / 6`` rounded through FP8 E4M3 (saturated at 448) relative to it; degenerate scales
     handled by ``rule`` (:data:`RULE_047`: a block scale below 1e-5 becomes 1; :data:`RULE_048`: only
-    a zero block scale, which zeroes its block); values rounded to E2M1 magnitudes, sign restored. A
-    last block shorter than ``block_size`` is zero-padded, as the kernel's boundary-checked loads do.
+    a zero block scale, which zeroes its block; ``None``: the installed release's); values rounded to
+    E2M1 magnitudes, sign restored. A last block shorter than ``block_size`` is zero-padded, as the
+    kernel's boundary-checked loads do.
     """
+    if rule is None:
+        rule = installed_release_rule()
     if rule not in RULES:
         raise ValueError(f"unknown tiny-scale rule {rule!r}; expected one of {RULES}")
     if inputs.dim() == 0:

@@ -4,8 +4,8 @@ run nothing else (forking the pytest process itself, with gloo and torch threads
 
 import importlib.util
 
-from te_stub import bridge_import_context
 from te_harness import load_modelopt_megatron_plugin
+from te_stub import bridge_import_context
 
 if importlib.util.find_spec("modelopt") is not None:
     load_modelopt_megatron_plugin()
