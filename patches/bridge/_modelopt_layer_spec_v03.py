@@ -4,10 +4,10 @@ Derived from ``megatron/bridge/models/gpt_provider.py`` (0.3.1; 0.4.2, 0.5.1, 0.
 ``provide()`` and ``mtp_block_spec()`` call ``self.transformer_layer_spec`` and never look at
 ``restore_modelopt_state``, which 0.4+ honour only in the separate ``gpt/gpt_builder.py`` path).
 In 0.2.0rc6 ``default_layer_spec`` returned ``quantization_layer_spec(config)`` when
-``config.restore_modelopt_state`` was set; 0.3 renamed that builder ``modelopt_transformer_layer_spec``
-and dropped the switch, so a provider asked to restore ModelOpt state silently builds TransformerEngine layers, which ModelOpt before 0.41
-cannot quantize and whose state dict does not match a ModelOpt checkpoint. This wrap restores the
-0.2 behaviour: while ``provide()`` runs, a provider that still has the default spec
+``config.restore_modelopt_state`` was set; 0.3 renamed that builder ``modelopt_transformer_layer_spec`` and
+dropped the switch, so a provider asked to restore ModelOpt state silently builds TransformerEngine layers,
+which ModelOpt before 0.41 cannot quantize and whose state dict does not match a ModelOpt checkpoint. This
+wrap restores the 0.2 behaviour: while ``provide()`` runs, a provider that still has the default spec
 (``default_layer_spec``) and ``restore_modelopt_state=True`` uses ``modelopt_transformer_layer_spec``.
 Providers with their own spec (a ``ModuleSpec``, or another builder) are left alone, as in 0.2.
 
