@@ -105,3 +105,32 @@ def test_provider_without_restore_or_with_its_own_spec_is_left_alone(megatron_cp
         assert _fails_building_the_transformer_engine_spec(_provider(restore_modelopt_state=False))
         own = _layer_norm_class(_provider(transformer_layer_spec=gpt_provider.local_layer_spec))
     assert own is not ModelOptNorm
+
+
+@pytest.mark.parametrize("with_patch", [False, True])
+def test_fresh_qat_switch_gives_the_modelopt_spec_without_restoring_state(megatron_cpu, with_patch):
+    """``use_modelopt_layer_spec``: the same call on every Bridge release, patch applied or not."""
+    from patchkit.patches.bridge.qat_export import use_modelopt_layer_spec
+
+    provider = _provider(restore_modelopt_state=False)
+    assert use_modelopt_layer_spec(provider) is provider
+    if with_patch:
+        with patchkit.applied("bridge.modelopt_layer_spec"):
+            norm = _layer_norm_class(provider)
+    else:
+        norm = _layer_norm_class(provider)
+    assert norm is ModelOptNorm
+    assert provider.restore_modelopt_state is False
+    use_modelopt_layer_spec(provider, enabled=False)
+    assert provider.transformer_layer_spec is gpt_provider.default_layer_spec
+    assert _fails_building_the_transformer_engine_spec(provider)
+
+
+def test_fresh_qat_switch_off_leaves_a_spec_set_elsewhere_alone(megatron_cpu):
+    from patchkit.patches.bridge.qat_export import use_modelopt_layer_spec
+
+    provider = _provider(transformer_layer_spec=gpt_provider.local_layer_spec)
+    with pytest.raises(ValueError, match="set elsewhere"):
+        use_modelopt_layer_spec(provider, enabled=False)
+    assert provider.transformer_layer_spec is gpt_provider.local_layer_spec
+    use_modelopt_layer_spec(_provider(), enabled=False)  # default spec: nothing to undo, no error
