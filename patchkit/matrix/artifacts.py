@@ -71,9 +71,10 @@ class SourceTree:
     def module_file(self, module: str) -> Path | None:
         """The file that defines ``module`` in this tree (``pkg/mod.py`` or ``pkg/mod/__init__.py``)."""
         relative = Path(*module.split("."))
-        for candidate in (self.root / relative.with_suffix(".py"), self.root / relative / "__init__.py"):
-            if candidate.is_file():
-                return candidate
+        for root in (self.root, self.root / "src"):  # an sdist may keep its packages under src/ (Bridge)
+            for candidate in (root / relative.with_suffix(".py"), root / relative / "__init__.py"):
+                if candidate.is_file():
+                    return candidate
         return None
 
 
