@@ -15,6 +15,23 @@ RECORDS = {
                 ('megatron.bridge.models.conversion.model_bridge:_megatron_local_name_to_global', 'b288d6c2bbd3ccca'),
             )),
             ((('megatron-bridge', '0.3.1'),), 'verified', (
+                ('megatron.bridge.models.conversion.model_bridge:_megatron_local_name_to_global', '54d0e29b58f725e3'),
+            )),
+        ),
+        'megatron-bridge>=0.4.0rc0,<0.4.2rc0': (
+            ((('megatron-bridge', '0.4.1'),), 'verified', (
+                ('megatron.bridge.models.conversion.model_bridge:_megatron_local_name_to_global', '54d0e29b58f725e3'),
+            )),
+        ),
+        'megatron-bridge>=0.4.2rc0,<0.5.0rc0': (
+            ((('megatron-bridge', '0.4.2'),), 'verified', (
+                ('megatron.bridge.models.conversion.model_bridge:_megatron_local_name_to_global', '9b1ff3af0f0163f6'),
+            )),
+        ),
+        'megatron-bridge>=0.5.0rc0,<0.7.0rc0': (
+            ((('megatron-bridge', '0.5.1'),), 'native', (
+            )),
+            ((('megatron-bridge', '0.6.2'),), 'native', (
             )),
         ),
     },
@@ -24,6 +41,21 @@ RECORDS = {
                 ('megatron.bridge.models.conversion.model_bridge:extract_sort_key', '7b8e91835b9a79ba'),
             )),
             ((('megatron-bridge', '0.3.1'),), 'verified', (
+                ('megatron.bridge.models.conversion.model_bridge:extract_sort_key', '7b8e91835b9a79ba'),
+            )),
+        ),
+        'megatron-bridge>=0.4.0rc0,<0.5.0rc0': (
+            ((('megatron-bridge', '0.4.1'),), 'verified', (
+                ('megatron.bridge.models.conversion.model_bridge:extract_sort_key', '7b8e91835b9a79ba'),
+            )),
+            ((('megatron-bridge', '0.4.2'),), 'verified', (
+                ('megatron.bridge.models.conversion.model_bridge:extract_sort_key', '7b8e91835b9a79ba'),
+            )),
+        ),
+        'megatron-bridge>=0.5.0rc0,<0.7.0rc0': (
+            ((('megatron-bridge', '0.5.1'),), 'native', (
+            )),
+            ((('megatron-bridge', '0.6.2'),), 'native', (
             )),
         ),
     },
@@ -34,6 +66,25 @@ RECORDS = {
         ),
         'megatron-bridge>=0.3.0rc0,<0.4.0rc0': (
             ((('megatron-bridge', '0.3.1'),), 'verified', (
+                ('megatron.bridge.models.gpt_provider:GPTModelProvider.provide', '4fde556845e319cb'),
+            )),
+        ),
+        'megatron-bridge>=0.4.0rc0,<0.5.0rc0': (
+            ((('megatron-bridge', '0.4.1'),), 'verified', (
+                ('megatron.bridge.models.gpt_provider:GPTModelProvider.provide', '4fde556845e319cb'),
+            )),
+            ((('megatron-bridge', '0.4.2'),), 'verified', (
+                ('megatron.bridge.models.gpt_provider:GPTModelProvider.provide', '4fde556845e319cb'),
+            )),
+        ),
+        'megatron-bridge>=0.5.0rc0,<0.6.0rc0': (
+            ((('megatron-bridge', '0.5.1'),), 'verified', (
+                ('megatron.bridge.models.gpt_provider:GPTModelProvider.provide', 'ea424b9bcfaff252'),
+            )),
+        ),
+        'megatron-bridge>=0.6.0rc0,<0.7.0rc0': (
+            ((('megatron-bridge', '0.6.2'),), 'verified', (
+                ('megatron.bridge.models.gpt_provider:GPTModelProvider.provide', 'f0884ccb895871cd'),
             )),
         ),
     },
@@ -46,6 +97,14 @@ RECORDS = {
                 ('megatron.bridge.models.conversion.param_mapping:AutoMapping._detect_parallelism_type', '0f89611d8da551bc'),
             )),
         ),
+        'megatron-bridge>=0.4.0rc0,<0.7.0rc0': (
+            ((('megatron-bridge', '0.4.2'),), 'native', (
+            )),
+            ((('megatron-bridge', '0.5.1'),), 'native', (
+            )),
+            ((('megatron-bridge', '0.6.2'),), 'native', (
+            )),
+        ),
     },
     'bridge.skip_quantizer_params': {
         'megatron-bridge>=0.2.0rc0,<0.4.0rc0': (
@@ -53,6 +112,21 @@ RECORDS = {
                 ('megatron.bridge.models.conversion.model_bridge:persistent_buffers', 'd0ee27e83204d122'),
             )),
             ((('megatron-bridge', '0.3.1'),), 'verified', (
+                ('megatron.bridge.models.conversion.model_bridge:persistent_buffers', 'd0ee27e83204d122'),
+            )),
+        ),
+        'megatron-bridge>=0.4.0rc0,<0.7.0rc0': (
+            ((('megatron-bridge', '0.4.1'),), 'verified', (
+                ('megatron.bridge.models.conversion.model_bridge:persistent_buffers', 'd0ee27e83204d122'),
+            )),
+            ((('megatron-bridge', '0.4.2'),), 'verified', (
+                ('megatron.bridge.models.conversion.model_bridge:persistent_buffers', 'd0ee27e83204d122'),
+            )),
+            ((('megatron-bridge', '0.5.1'),), 'verified', (
+                ('megatron.bridge.models.conversion.model_bridge:persistent_buffers', 'd0ee27e83204d122'),
+            )),
+            ((('megatron-bridge', '0.6.2'),), 'verified', (
+                ('megatron.bridge.models.conversion.model_bridge:persistent_buffers', 'd0ee27e83204d122'),
             )),
         ),
     },
@@ -112,7 +186,10 @@ RECORDS = {
                 ('megatron.core.models.gpt.gpt_model:GPTModel._postprocess', 'bc9d7fba37cd4afa'),
             )),
         ),
-        'output-processor': (
+        'process-mtp-loss': (
+            ((('megatron-core', '0.17.1'),), 'verified', (
+                ('megatron.core.models.gpt.gpt_model:GPTModel._postprocess', '9dcc1abe37a96976'),
+            )),
             ((('megatron-core', '0.18.2'),), 'verified', (
                 ('megatron.core.models.gpt.gpt_model:GPTModel._postprocess', '3c9b703f02d84ae9'),
             )),
@@ -120,9 +197,29 @@ RECORDS = {
                 ('megatron.core.models.gpt.gpt_model:GPTModel._postprocess', 'bab56ade7201601a'),
             )),
         ),
-        'process-mtp-loss': (
+    },
+    'megatron.mtp_recompute': {
+        'accept-padding-mask': (
+            ((('megatron-core', '0.18.2'),), 'verified', (
+                ('megatron.core.transformer.multi_token_prediction:MultiTokenPredictionLayer._checkpointed_forward', 'd4e6e52b6d1c45c9'),
+            )),
+        ),
+        'closure-non-tensor-args': (
+            ((('megatron-core', '0.14.0'),), 'verified', (
+                ('megatron.core.transformer.multi_token_prediction:MultiTokenPredictionLayer._checkpointed_forward', '0217efb408437d35'),
+            )),
+            ((('megatron-core', '0.15.3'),), 'verified', (
+                ('megatron.core.transformer.multi_token_prediction:MultiTokenPredictionLayer._checkpointed_forward', '0217efb408437d35'),
+            )),
+            ((('megatron-core', '0.16.1'),), 'verified', (
+                ('megatron.core.transformer.multi_token_prediction:MultiTokenPredictionLayer._checkpointed_forward', '0217efb408437d35'),
+            )),
             ((('megatron-core', '0.17.1'),), 'verified', (
-                ('megatron.core.models.gpt.gpt_model:GPTModel._postprocess', '9dcc1abe37a96976'),
+                ('megatron.core.transformer.multi_token_prediction:MultiTokenPredictionLayer._checkpointed_forward', '0217efb408437d35'),
+            )),
+        ),
+        'native-0.19': (
+            ((('megatron-core', '0.19.2'),), 'native', (
             )),
         ),
     },
@@ -143,6 +240,8 @@ RECORDS = {
             ((('megatron-core', '0.16.1'),), 'native', (
             )),
             ((('megatron-core', '0.17.1'),), 'native', (
+            )),
+            ((('megatron-core', '0.18.2'),), 'native', (
             )),
             ((('megatron-core', '0.19.2'),), 'native', (
             )),
@@ -178,6 +277,8 @@ RECORDS = {
             )),
             ((('megatron-core', '0.17.1'),), 'native', (
             )),
+            ((('megatron-core', '0.18.2'),), 'native', (
+            )),
             ((('megatron-core', '0.19.2'),), 'native', (
             )),
         ),
@@ -186,7 +287,23 @@ RECORDS = {
         'nvidia-modelopt>=0.43,<0.48': (
             ((('nvidia-modelopt', '0.43.0'),), 'verified', (
             )),
+            ((('nvidia-modelopt', '0.44.0'),), 'verified', (
+            )),
             ((('nvidia-modelopt', '0.47.0'),), 'verified', (
+            )),
+        ),
+        'nvidia-modelopt>=0.48.0rc0,<0.49': (
+            ((('nvidia-modelopt', '0.48.0rc1'),), 'verified', (
+            )),
+        ),
+    },
+    'vllm.nvfp4_marlin_w4a16': {
+        'quant-method-w4a16': (
+            ((('vllm', '0.24.0'),), 'verified', (
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4Config.__init__', '2634aa29b97e6e8b'),
+            )),
+            ((('vllm', '0.33.0'),), 'verified', (
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4Config.__init__', '6f9f9b7bcf4bbe5e'),
             )),
         ),
     },
@@ -208,6 +325,12 @@ RECORDS = {
                 ('vllm.model_executor.layers.quantization.modelopt:ModelOptLinearMethod.create_weights', 'e796b3e8a6f3335d'),
                 ('vllm.model_executor.layers.quantization.modelopt:ModelOptLinearMethod.process_weights_after_loading', 'a37e2be700fb8d64'),
                 ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE.create_weights', 'bee4595d0936c837'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE.process_weights_after_loading', 'f475f1c66677e90a'),
+            )),
+            ((('vllm', '0.33.0'),), 'verified', (
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptLinearMethod.create_weights', 'e796b3e8a6f3335d'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptLinearMethod.process_weights_after_loading', '66192bb9e7ed283e'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE.create_weights', '4029ac5649864beb'),
                 ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4FusedMoE.process_weights_after_loading', 'f475f1c66677e90a'),
             )),
         ),

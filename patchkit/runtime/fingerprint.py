@@ -197,16 +197,42 @@ def source_fingerprint(source: str, qualname: Sequence[str]) -> str | None:
 
 
 def module_file(module: str) -> str | None:
-    """The source file of ``module``: from the imported module if it is imported, else its spec."""
+    """The source file of ``module``: from the imported module if it is imported, else found on disk.
+
+    A module not imported yet is looked up below its top-level package's folders without running any
+    package ``__init__`` (reading a target's source must not import the upstream: Megatron-Bridge's
+    ``__init__`` fails without TransformerEngine, yet its files are plain source); ``find_spec`` is the
+    fallback for layouts the walk does not cover.
+    """
     imported = sys.modules.get(module)
     origin = getattr(imported, "__file__", None) if imported is not None else None
     if origin is None:
+        origin = _file_on_disk(module)
+    if origin is None:
         try:
             spec = importlib.util.find_spec(module)
-        except (ImportError, ValueError):
+        except Exception:  # a parent package that fails to import: no readable source
             return None
         origin = spec.origin if spec is not None else None
     return origin if origin and origin.endswith(".py") and os.path.isfile(origin) else None
+
+
+def _file_on_disk(module: str) -> str | None:
+    top, _, rest = module.partition(".")
+    try:
+        spec = importlib.util.find_spec(top)  # a top-level lookup imports nothing
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    if not rest:
+        return spec.origin
+    for root in spec.submodule_search_locations or ():
+        base = os.path.join(root, *rest.split("."))
+        for candidate in (base + ".py", os.path.join(base, "__init__.py")):
+            if os.path.isfile(candidate):
+                return candidate
+    return None
 
 
 def target_fingerprint(target: Target, persist: bool = False) -> str | None:
