@@ -123,7 +123,7 @@ def _moe_replay(device: str) -> Iterator[None]:
 def _check_routers(model: Any) -> list[Any]:
     from ._tiny_moe import routers
 
-    found = [r.router_replay for r in routers(model)]
+    found = [getattr(r, "router_replay", None) for r in routers(model)]
     expect(all(r is not None for r in found), "every MoE router of a model built after "
            "router_replay_api.enable(config) has replay state", f"{len(found)} routers with replay state",
            f"{sum(r is not None for r in found)}")
@@ -186,14 +186,15 @@ def check_router_replay(context: CheckContext) -> None:
             shift_expert_bias(model)
             forward_loss(model, batch)  # no action: what the shifted router chooses on its own
             unreplayed = [m.cpu() for m in capture.take()]
-            expect(any(not torch.equal(u[valid], r[valid]) for u, r in zip(unreplayed, recorded_maps)),
+            expect(any(not torch.equal(u[valid], r[valid]) for u, r in zip(unreplayed, recorded_maps, strict=True)),
                    "shifting the expert bias changes the routing without replay (else replay is not tested)",
                    "a different routing", "the recorded routing")
 
             _drive(model_routers, "replay_forward", list(packed.unbind(1)))
             forward_loss(model, batch)
             replayed = [m.cpu() for m in capture.take()]
-            mismatched = sum(int((rep[valid] != rec[valid]).any(-1).sum()) for rep, rec in zip(replayed, recorded_maps))
+            mismatched = sum(int((rep[valid] != rec[valid]).any(-1).sum())
+                             for rep, rec in zip(replayed, recorded_maps, strict=True))
             expect(mismatched == 0, "REPLAY_FORWARD of the packed record routes every token as recorded "
                    "(tokens routed differently)", 0, mismatched)
 
@@ -201,8 +202,8 @@ def check_router_replay(context: CheckContext) -> None:
             _drive(model_routers, "replay_forward", other)
             forward_loss(model, batch)
             followed = [m.cpu() for m in capture.take()]
-            wanted = [torch.zeros_like(m).scatter_(1, t.long(), True) for m, t in zip(followed, other)]
-            off = sum(int((f[valid] != w[valid]).any(-1).sum()) for f, w in zip(followed, wanted))
+            wanted = [torch.zeros_like(m).scatter_(1, t.long(), True) for m, t in zip(followed, other, strict=True)]
+            off = sum(int((f[valid] != w[valid]).any(-1).sum()) for f, w in zip(followed, wanted, strict=True))
             expect(off == 0, "REPLAY_FORWARD of a different target routes to the target's experts "
                    "(tokens routed elsewhere)", 0, off)
         finally:
@@ -212,8 +213,8 @@ def check_router_replay(context: CheckContext) -> None:
 
 def check_router_replay_validation(context: CheckContext) -> None:
     """A replay target with the wrong token count raises ``ReplayIndexMismatchError`` naming both counts."""
-    from .router_replay_api import ReplayIndexMismatchError
     from ._tiny_moe import TOPK, build_tiny_moe, causal_batch, forward_loss
+    from .router_replay_api import ReplayIndexMismatchError
 
     batch = causal_batch().to(context.device)
     tokens = batch.input_ids.numel()

@@ -19,6 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "megatron"))
 from cpu_harness import cpu_megatron, destroy_parallel_state, initialize_parallel_state  # noqa: E402
+
 # The grid check is shipped: the ModelOpt self-check judges NVFP4 output with the same code.
 from patchkit.patches.modelopt._nvfp4_grid import E2M1, assert_blocks_on_fp4_grid  # noqa: E402,F401
 
