@@ -9,12 +9,18 @@ import pytest
 import patchkit
 from patchkit.doctor import FAILED, VERIFIED, run
 from patchkit.runtime.status import Reason
-from patchkit.selfcheck import upstream_behaviour
+from patchkit.selfcheck import patches_as_they_were, upstream_behaviour
 
 BRIDGE_PATCHES = (
     "bridge.modelopt_layer_spec", "bridge.quant_linear_parallelism", "bridge.skip_quantizer_params",
     "bridge.expert_local_to_global", "bridge.expert_sort_key",
 )
+
+@pytest.fixture(autouse=True)
+def _doctor_leaves_no_patch_applied():
+    with patches_as_they_were():
+        yield
+
 
 
 @pytest.fixture

@@ -9,9 +9,15 @@ from nvfp4_helpers import BLOCK, E2M1_VALUES, dequantize, export_nvfp4
 
 import patchkit
 from patchkit.doctor import FAILED, VERIFIED, run
-from patchkit.selfcheck import upstream_behaviour
+from patchkit.selfcheck import patches_as_they_were, upstream_behaviour
 
 PATCH = "vllm.nvfp4_refit"
+
+@pytest.fixture(autouse=True)
+def _doctor_leaves_no_patch_applied():
+    with patches_as_they_were():
+        yield
+
 
 
 @pytest.fixture
