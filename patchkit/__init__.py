@@ -24,7 +24,10 @@ from .runtime.errors import (
     ForeignWrapperError,
     PatchInstallError,
     PatchkitError,
+    PatchkitWarning,
+    RevertError,
     TargetResolutionError,
+    UndoError,
     UnknownPatchError,
     UnsupportedVersionError,
 )
@@ -34,16 +37,25 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Add", "Call", "ConfigError", "DeclarationError", "DriftError", "Engine", "ForceRefusedError",
-    "ForeignWrapperError", "Patch",
-    "PatchInstallError", "PatchStatus", "PatchkitError", "Reason", "Registered", "Replace", "State",
-    "Target", "TargetResolutionError", "UnknownPatchError", "UnsupportedVersionError", "Variant", "Wrap",
-    "apply", "apply_all", "applied", "engine", "probing", "revert", "revert_all", "status",
+    "ForeignWrapperError", "Patch", "PatchInstallError", "PatchStatus", "PatchkitError", "PatchkitWarning", "Reason",
+    "Registered", "Replace", "RevertError", "State", "Target", "TargetResolutionError", "UndoError",
+    "UnknownPatchError", "UnsupportedVersionError", "Variant", "Wrap",
+    "apply", "apply_all", "applied", "engine", "probing", "register_extra_patches", "revert", "revert_all", "status",
 ]
 
 logging.getLogger("patchkit").addHandler(logging.NullHandler())
 
 _engine: Engine | None = None
 _engine_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    global _engine_lock
+    _engine_lock = threading.Lock()  # a thread that held it does not exist in the child
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def engine() -> Engine:
@@ -73,12 +85,27 @@ def apply_all(
     modules are first imported. Idempotent. Arguments override the ``PATCHKIT_*`` variables.
     Declaration modules named in ``PATCHKIT_EXTRA_PATCHES`` are registered first.
     """
-    if (os.environ if environ is None else environ).get("PATCHKIT_EXTRA_PATCHES"):
-        from .processes.autoload import register_extra_patches
-
-        for problem in register_extra_patches(environ)[1]:
-            logging.getLogger("patchkit").error("patchkit: %s", problem)
+    register_extra_patches(environ)
     return engine().apply_all(enable=enable, disable=disable, force=force, strict=strict, environ=environ)
+
+
+def register_extra_patches(environ: Mapping[str, str] | None = None) -> None:
+    """Register the declaration modules named in ``PATCHKIT_EXTRA_PATCHES`` (what ``apply_all`` and
+    the CLI do first). A module that cannot be registered is logged and warned about
+    (``PatchkitWarning``): its patches are missing. A malformed value is left to ``apply_all``, which
+    reports it with every other malformed variable (``config_error``, or ``ConfigError`` if strict)."""
+    if not (os.environ if environ is None else environ).get("PATCHKIT_EXTRA_PATCHES"):
+        return
+    from .processes.autoload import register_extra_patches as register
+    from .runtime.engine import warn
+
+    try:
+        problems = register(environ)[1]
+    except ConfigError:
+        return
+    for problem in problems:
+        logging.getLogger("patchkit").error("patchkit: %s", problem)
+        warn(f"patchkit: {problem}")
 
 
 def apply(*patterns: str, import_targets: bool = False, strict: bool | None = None) -> list[PatchStatus]:

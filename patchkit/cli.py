@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import sys
-from typing import Sequence
+from typing import Iterator, Sequence
 
-from . import engine as default_engine
+import patchkit
+
 from .doctor.cli import add_parser as add_doctor_parser
 from .matrix.cli import add_parser as add_matrix_parser
 from .report import describe, status_json, status_table
@@ -19,28 +21,70 @@ def _write(text: str) -> None:
     sys.stdout.write(text + "\n")
 
 
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """Send whatever writes to stdout meanwhile to stderr, at the file-descriptor level.
+
+    Upstreams print while being imported (vLLM's logger writes to stdout; a C extension may write
+    to fd 1 directly): stdout is kept for our report, so ``status --json`` stays parseable.
+    """
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no fd 1 (a closed stdout): nothing to protect
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+        return
+    try:
+        os.dup2(2, 1)
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdout.flush()
+        _flush_c_stdio()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def _flush_c_stdio() -> None:
+    """Flush C stdio buffers (``printf`` from an extension) while fd 1 still points to stderr."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError, TypeError):  # no C library to ask (Windows): nothing buffered there
+        pass
+
+
+def _registered() -> "patchkit.Engine":
+    """The engine with the catalogue and ``PATCHKIT_EXTRA_PATCHES`` registered, as ``apply_all`` sees it."""
+    with _stdout_to_stderr():
+        patchkit.register_extra_patches()
+    return patchkit.engine()
+
+
 def _list(args: argparse.Namespace) -> int:
-    eng = default_engine()
+    eng = _registered()
     for patch_id in eng.ids():
         _write(describe(eng.patch(patch_id)))
     return 0
 
 
 def _status(args: argparse.Namespace) -> int:
-    eng = default_engine()
-    # Upstreams print while being imported (vLLM's logger writes to stdout): keep stdout for our
-    # report, so `status --json` stays parseable.
-    with contextlib.redirect_stdout(sys.stderr):
-        eng.apply_all()
+    eng = patchkit.engine()
+    with _stdout_to_stderr():
+        patchkit.apply_all()
         records = eng.status() if args.no_import else eng.import_targets()
     _write(status_json(records) if args.json else status_table(records))
     return 1 if any(r.state.value == "failed" for r in records) else 0
 
 
 def _explain(args: argparse.Namespace) -> int:
-    eng = default_engine()
-    _write(describe(eng.patch(args.id), verbose=True))
-    eng.apply_all()
+    eng = _registered()
+    patch = eng.patch(args.id)  # an unknown id: UnknownPatchError, exit 2
+    with _stdout_to_stderr():
+        patchkit.apply_all()
+    _write(describe(patch, verbose=True))
     (record,) = eng.status(args.id)
     _write(f"  in this interpreter: {record.state.value}"
            + (f" ({record.reason.value})" if record.reason else "")

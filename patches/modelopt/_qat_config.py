@@ -19,13 +19,22 @@ from modelopt.torch.quantization import config as mtq_config
 from modelopt.torch.quantization.nn.modules.tensor_quantizer import is_registered_quant_backend
 
 from ._qat_errors import QATConfigError
-from ._qat_names import hf_patterns_to_megatron
+from ._qat_names import hf_patterns_to_megatron, resolve_ignore
 from .qat import CPU_BACKEND_NAME
 
 logger = logging.getLogger(__name__)
 
 #: Modes :func:`build_qat_config` knows. Activations stay in high precision in all of them.
 SUPPORTED_MODES = ("w4a16_nvfp4",)
+
+#: Other names accepted for a mode, as frameworks and ModelOpt spell it. Matched after lower-casing
+#: and turning '-' into '_': ``"w4a16"`` is verl's name (there it always means NVFP4 weights, never
+#: ModelOpt's INT4 ``W4A16_AWQ``), ``"W4A16_NVFP4_CFG"`` ModelOpt's own preset (0.45+).
+MODE_ALIASES: dict[str, str] = {
+    "w4a16": "w4a16_nvfp4",
+    "nvfp4_w4a16": "w4a16_nvfp4",
+    "w4a16_nvfp4_cfg": "w4a16_nvfp4",
+}
 
 #: NVFP4 weight fake quantization: E2M1 values, dynamic blocks of 16 along the input dimension,
 #: one E4M3 scale per block (and ModelOpt's per-tensor scale from amax on top).
@@ -45,12 +54,17 @@ def quant_cfg_is_list() -> bool:
 
 
 def normalize_mode(mode: str) -> str:
-    """The canonical mode name, or :class:`QATConfigError` naming the supported ones."""
-    key = mode.strip().lower().replace("-", "_") if isinstance(mode, str) else mode
-    aliases = {"nvfp4_w4a16": "w4a16_nvfp4", "w4a16_nvfp4": "w4a16_nvfp4"}
-    if key not in aliases:
-        raise QATConfigError("unsupported QAT mode", str(mode), SUPPORTED_MODES, "supported")
-    return aliases[key]
+    """The canonical mode name for ``mode`` or one of its :data:`MODE_ALIASES`.
+
+    Raises :class:`QATConfigError` naming the supported modes and their aliases.
+    """
+    key = mode.strip().lower().replace("-", "_") if isinstance(mode, str) else None
+    if key in SUPPORTED_MODES:
+        return key
+    if key in MODE_ALIASES:
+        return MODE_ALIASES[key]
+    known = [*SUPPORTED_MODES, *(a.upper() if a.endswith("_cfg") else a for a in MODE_ALIASES)]
+    raise QATConfigError("unsupported QAT mode", str(mode), known, "supported")
 
 
 def resolve_backend(backend: str | None) -> str | None:
@@ -69,21 +83,24 @@ def resolve_backend(backend: str | None) -> str | None:
 
 def build_qat_config(
     mode: str = "w4a16_nvfp4",
-    ignore: Iterable[str] = (),
+    ignore: Iterable[str] | None = (),
     *,
     quantize_mtp: bool = False,
     backend: str | None = "auto",
+    ignore_patterns: Iterable[str] | None = None,
 ) -> dict[str, Any]:
     """A config for ``mtq.quantize`` that fake-quantizes linear weights to NVFP4, activations untouched.
 
+    ``mode``: ``"w4a16_nvfp4"`` or an alias (:data:`MODE_ALIASES`: ``"w4a16"``, ``"W4A16_NVFP4_CFG"``).
     ``ignore``: fnmatch patterns in Hugging Face or Megatron module names; their quantizers stay off
     (see :func:`hf_patterns_to_megatron`). ModelOpt's default-disabled patterns (output layer,
     routers, ``lm_head``, norms) always apply. MTP modules stay unquantized unless ``quantize_mtp``.
     ``backend``: a registered ModelOpt quant backend for the weight quantizers, ``None`` for
-    ModelOpt's kernel, ``"auto"`` (see :func:`resolve_backend`).
+    ModelOpt's kernel, ``"auto"`` (see :func:`resolve_backend`). ``ignore_patterns``: verl's name
+    for ``ignore`` (``build_qat_config("w4a16", ignore_patterns=[...])``).
     """
     normalize_mode(mode)
-    patterns = (ignore,) if isinstance(ignore, str) else tuple(ignore)
+    patterns = resolve_ignore(ignore, ignore_patterns)
     ignored = list(hf_patterns_to_megatron(patterns).values())
     weight = copy.deepcopy(NVFP4_WEIGHT_ATTRIBUTES)
     backend_name = resolve_backend(backend)

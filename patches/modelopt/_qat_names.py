@@ -10,6 +10,7 @@ The table below follows the names Megatron-Bridge's GPT mappings use (``model.la
 from __future__ import annotations
 
 import re
+from typing import Iterable
 
 # Token boundaries: a name token ends at '.', '*', '?', '[' or the end of the pattern, so
 # 'gate_proj' is not rewritten inside 'my_gate_proj_x' and 'mlp.gate' not inside 'mlp.gate_proj'.
@@ -51,6 +52,8 @@ def hf_pattern_to_megatron(pattern: str) -> str:
     rewritten = pattern.strip()
     for regex, replacement in _COMPILED:
         rewritten = regex.sub(replacement, rewritten)
+    if rewritten.endswith("."):  # 'mlp.gate.' (verl's form): anything under that module
+        rewritten += "*"
     if not rewritten.endswith("*"):
         rewritten += ".*"
     return rewritten
@@ -61,3 +64,19 @@ def hf_patterns_to_megatron(patterns: "list[str] | tuple[str, ...]") -> dict[str
     if isinstance(patterns, str):
         patterns = (patterns,)
     return {pattern: hf_pattern_to_megatron(pattern) for pattern in patterns}
+
+
+def resolve_ignore(
+    ignore: "Iterable[str] | str | None", ignore_patterns: "Iterable[str] | str | None"
+) -> tuple[str, ...]:
+    """The ignore patterns from ``ignore`` or verl's keyword ``ignore_patterns`` (not both); ``None`` is none.
+
+    Read once, so generators work; a single string is one pattern, not its characters.
+    """
+    if ignore_patterns is not None:
+        if ignore:
+            raise TypeError("pass ignore patterns as 'ignore' or as 'ignore_patterns', not both")
+        ignore = ignore_patterns
+    if ignore is None:
+        return ()
+    return (ignore,) if isinstance(ignore, str) else tuple(ignore)

@@ -1,7 +1,8 @@
 """NVFP4 W4A16 quantization-aware training with ModelOpt: the public helpers and the CPU backend patch.
 
 Declaration module: imported by ``patchkit.apply_all()``, so it imports nothing heavy. The helpers
-users call (:func:`build_qat_config`, :func:`apply_qat`, :func:`hf_patterns_to_megatron`) live in
+users call (:func:`build_qat_config`, :func:`apply_qat`, :func:`qat_settings`,
+:func:`check_weight_calibration`, :func:`weight_amax`, :func:`hf_patterns_to_megatron`) live in
 ``_qat_*`` implementation modules that import ModelOpt and torch at their top; they are reached
 through this module's ``__getattr__`` (PEP 562), so ``from patchkit.patches.modelopt.qat import
 apply_qat`` works and the cost is paid only by code that uses QAT.
@@ -18,26 +19,43 @@ from typing import TYPE_CHECKING, Any
 
 from patchkit import Call, Patch, Variant
 
-from ._qat_errors import QATConfigError
+from ._qat_errors import ModelOptPluginError, QATApplyError, QATCalibrationError, QATConfigError
 
 if TYPE_CHECKING:
+    from ._export_config import export_qat_config
+    from ._export_errors import QATExportError
     from ._qat_apply import apply_qat
-    from ._qat_config import SUPPORTED_MODES, build_qat_config
+    from ._qat_calibration import check_weight_calibration, weight_amax
+    from ._qat_config import MODE_ALIASES, SUPPORTED_MODES, build_qat_config
+    from ._qat_export import export_implementation, export_qat_weights
     from ._qat_names import hf_patterns_to_megatron
+    from ._qat_settings import QATSettings, qat_settings
 
 #: Name under which the CPU backend is registered with ModelOpt.
 CPU_BACKEND_NAME = "patchkit_nvfp4_cpu"
 
 __all__ = [
-    "CPU_BACKEND_NAME", "PATCHES", "QATConfigError", "SUPPORTED_MODES", "apply_qat", "build_qat_config",
-    "hf_patterns_to_megatron",
+    "CPU_BACKEND_NAME", "MODE_ALIASES", "PATCHES", "ModelOptPluginError", "QATApplyError", "QATCalibrationError",
+    "QATConfigError", "QATExportError", "QATSettings", "SUPPORTED_MODES", "apply_qat", "build_qat_config",
+    "check_weight_calibration", "export_implementation", "export_qat_config", "export_qat_weights",
+    "hf_patterns_to_megatron", "qat_settings", "weight_amax",
 ]
 
 _LAZY = {
     "apply_qat": "._qat_apply",
     "build_qat_config": "._qat_config",
     "SUPPORTED_MODES": "._qat_config",
+    "MODE_ALIASES": "._qat_config",
     "hf_patterns_to_megatron": "._qat_names",
+    "QATSettings": "._qat_settings",
+    "qat_settings": "._qat_settings",
+    "check_weight_calibration": "._qat_calibration",
+    "weight_amax": "._qat_calibration",
+    # NVFP4 checkpoint export of the QAT model (docs/qat-export.md)
+    "export_qat_weights": "._qat_export",
+    "export_implementation": "._qat_export",
+    "export_qat_config": "._export_config",
+    "QATExportError": "._export_errors",
 }
 
 

@@ -29,7 +29,11 @@ def _matrix_path(args: argparse.Namespace) -> Path:
         return local
     shipped = default_path()
     if shipped is None:
-        raise FileNotFoundError(f"no {FILENAME} here and none shipped with patchkit; pass --matrix")
+        from .model import Position
+        from .schema import MatrixError, Problem
+
+        raise MatrixError(FILENAME, [Problem(Position(FILENAME, 1, 1), "the file", "a matrix file",
+                                             "none here and none shipped with patchkit; pass --matrix")])
     return shipped
 
 
@@ -90,8 +94,9 @@ def _record(args: argparse.Namespace) -> int:
     from . import load, record, writer
 
     path = _matrix_path(args)
+    matrix = load(path)  # MatrixError first, for a missing or malformed file
     old = path.read_text(encoding="utf-8")
-    updated = record.record(load(path), _registry(), args.env)
+    updated = record.record(matrix, _registry(), args.env)
     return _write_matrix(path, old, writer.replace_patches(old, updated.patches), updated, args.check)
 
 

@@ -1,7 +1,8 @@
 """Reading ``compat_matrix.yaml``: its YAML nodes checked against the schema, with file positions.
 
-The file is composed (``yaml.compose``), not loaded, so every value keeps the line and column it
-came from; each problem names that position, the path to the value, what was expected and what
+The file is composed into YAML nodes (:func:`compose`, iteratively from the parser's events, with
+a depth limit), not loaded, so every value keeps the line and column it came from; each problem
+names that position, the path to the value, what was expected and what
 was found. Every problem in the file is reported at once, not just the first.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 import yaml
 
@@ -24,6 +25,9 @@ _STR = "tag:yaml.org,2002:str"
 _INT = "tag:yaml.org,2002:int"
 _BOOL = "tag:yaml.org,2002:bool"
 _FLOAT = "tag:yaml.org,2002:float"
+#: A plain decimal integer. YAML 1.1 (PyYAML) also reads 0x1, 0b1, 0o1, 1_0 and 1:00 (base 60) as
+#: integers, which int() refuses: they are reported, never converted.
+_DECIMAL = re.compile(r"[-+]?[0-9]+", re.ASCII)
 _ENV_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _FINGERPRINT = re.compile(r"^[0-9a-f]{16}$")
 _PYTHON = re.compile(r"^3\.[0-9]{1,2}$")
@@ -157,8 +161,10 @@ class _Reader:
         self.keys(fields, "the file", ("schema", "environments"), ("patches",), root)
         if "schema" in fields:
             node = fields["schema"][1]
-            if not (isinstance(node, yaml.ScalarNode) and node.tag == _INT and int(node.value) == SCHEMA_VERSION):
-                self.problem(node, "schema", f"{SCHEMA_VERSION} (the schema version this patchkit reads)")
+            if not (isinstance(node, yaml.ScalarNode) and node.tag == _INT and _DECIMAL.fullmatch(node.value)
+                    and int(node.value) == SCHEMA_VERSION):
+                self.problem(node, "schema", f"{SCHEMA_VERSION} (the schema version this patchkit reads, written "
+                             "in decimal)")
         environments = self.optional(fields, "environments", "", self.environments) or {}
         patches = self.optional(fields, "patches", "", self.patches) or {}
         positions = {name: self.at(key) for name, (key, _) in fields.items()}
@@ -298,15 +304,101 @@ class _Reader:
         return found
 
 
-def parse(text: str, path: str = "compat_matrix.yaml") -> Matrix:
-    """Validate ``text`` as a matrix; raise ``MatrixError`` listing every problem with its position."""
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+#: Deeper nesting than any matrix needs (it uses 7 levels). PyYAML composes nodes recursively: a
+#: 100 kB file of 50,000 nested lists crashes the interpreter (C composer) or raises RecursionError.
+MAX_DEPTH = 64
+
+
+def compose(text: str, path: str = "compat_matrix.yaml", max_depth: int = MAX_DEPTH) -> yaml.Node | None:
+    """The node tree of ``text``'s single document, built from the parser's events without recursion.
+
+    Nesting deeper than ``max_depth`` is refused at the event that opens it, before anything that
+    deep is composed. YAML errors become ``MatrixError`` with the file, line and column.
+    """
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(text)
     try:
-        root = yaml.compose(text, Loader=loader)
+        return _compose_events(loader, path, max_depth)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         position = Position(path, mark.line + 1, mark.column + 1) if mark else Position(path, 1, 1)
         raise MatrixError(path, [Problem(position, "YAML syntax", "well-formed YAML", str(exc.problem))]) from None
+    except yaml.reader.ReaderError as exc:  # a character YAML does not allow; its offset in the text
+        before = text[:exc.position]
+        position = Position(path, before.count("\n") + 1, len(before) - before.rfind("\n"))
+        raise MatrixError(path, [Problem(position, "the file", "printable characters",
+                                         f"character {exc.character!r}")]) from None
+    finally:
+        loader.dispose()
+
+
+def _compose_events(loader: Any, path: str, max_depth: int) -> yaml.Node | None:
+    events = yaml.events
+    loader.get_event()  # StreamStart
+    if loader.check_event(events.StreamEndEvent):
+        return None
+    loader.get_event()  # DocumentStart
+    anchors: dict[str, yaml.Node] = {}
+    #: Open collections: the node and, for a mapping, the key waiting for its value.
+    stack: list[list[Any]] = []
+    root: yaml.Node | None = None
+    while not loader.check_event(events.DocumentEndEvent):
+        event: Any = loader.get_event()
+        start: Any = event.start_mark
+        end: Any = event.end_mark
+        node: Any
+        if isinstance(event, events.AliasEvent):
+            if event.anchor not in anchors:
+                raise yaml.composer.ComposerError(None, None, f"found undefined alias {event.anchor!r}",
+                                                  start)
+            node = anchors[event.anchor]
+        elif isinstance(event, events.ScalarEvent):
+            tag = event.tag
+            if tag is None or tag == "!":
+                tag = loader.resolve(yaml.ScalarNode, event.value, event.implicit)
+            node = yaml.ScalarNode(tag, event.value, start, end, style=event.style)
+        elif isinstance(event, (events.SequenceStartEvent, events.MappingStartEvent)):
+            if len(stack) >= max_depth:
+                raise MatrixError(path, [Problem(Position(path, start.line + 1,
+                                                          start.column + 1),
+                                                 "the file", f"at most {max_depth} nested lists or mappings",
+                                                 "deeper nesting")])
+            kind = yaml.SequenceNode if isinstance(event, events.SequenceStartEvent) else yaml.MappingNode
+            tag = event.tag
+            if tag is None or tag == "!":
+                tag = loader.resolve(kind, None, event.implicit)
+            collection = kind(tag, [], start, None, flow_style=event.flow_style)
+            if event.anchor is not None:
+                anchors[event.anchor] = collection
+            stack.append([collection, None])
+            continue
+        else:  # SequenceEnd / MappingEnd
+            node = stack.pop()[0]
+            node.end_mark = end
+        if isinstance(event, events.ScalarEvent) and event.anchor is not None:
+            anchors[event.anchor] = node
+        if not stack:
+            root = node
+            continue
+        parent = stack[-1]
+        if isinstance(parent[0], yaml.SequenceNode):
+            parent[0].value.append(node)
+        elif parent[1] is None:
+            parent[1] = node
+        else:
+            parent[0].value.append((parent[1], node))
+            parent[1] = None
+    loader.get_event()  # DocumentEnd
+    if not loader.check_event(events.StreamEndEvent):
+        event = loader.get_event()
+        extra: Any = event.start_mark
+        raise yaml.composer.ComposerError("expected a single document in the stream", None,
+                                          "but found another document", extra)
+    return root
+
+
+def parse(text: str, path: str = "compat_matrix.yaml") -> Matrix:
+    """Validate ``text`` as a matrix; raise ``MatrixError`` listing every problem with its position."""
+    root = compose(text, path)
     reader = _Reader(path)
     matrix = reader.document(root)
     if reader.problems:

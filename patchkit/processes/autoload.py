@@ -6,9 +6,14 @@ environment. Processes a job starts (``multiprocessing`` spawn children, torchru
 workers, vLLM engine-core processes) inherit that variable and so apply the same patches before any
 user code runs.
 
-Start-up must never break: every failure is logged and kept in :func:`outcome` (the manifest
+Start-up must never break: every failure (any exception but ``KeyboardInterrupt``, ``SystemExit``
+from a declaration module's argparse included) is logged and kept in :func:`outcome` (the manifest
 carries it to the consistency check). Only ``PATCHKIT_STRICT=1`` turns a failure into an exit, with
 status :data:`STRICT_EXIT_STATUS`, before the user's program starts.
+
+:func:`load` holds no lock while it imports (extra declaration modules, upstreams through their
+hooks): a module it imports may call :func:`load` again, from this thread or another one; that call
+returns at once, saying autoload is already running.
 """
 
 from __future__ import annotations
@@ -17,11 +22,12 @@ import logging
 import os
 import sys
 import threading
+import warnings
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ..runtime import catalogue, settings
-from ..runtime.errors import ConfigError, DeclarationError, PatchkitError
+from ..runtime.errors import ConfigError, PatchkitError, PatchkitWarning
 from ..runtime.status import Reason, State
 
 logger = logging.getLogger(__name__)
@@ -33,8 +39,10 @@ STRICT_EXIT_STATUS = 3
 #: declaration module, say) sees it and skips autoload, so start-up cannot recurse into itself.
 ACTIVE_MARKER = "PATCHKIT_AUTOLOAD_ACTIVE"
 
-_lock = threading.Lock()
+_lock = threading.Lock()  # guards _outcome and _running; never held across an import
 _outcome: "Outcome | None" = None
+#: The thread running load() now, if any.
+_running: int | None = None
 
 
 class AutoloadError(PatchkitError):
@@ -75,8 +83,10 @@ def register_extra_patches(environ: Mapping[str, str] | None = None) -> tuple[tu
     """Register the patches of the modules named in ``PATCHKIT_EXTRA_PATCHES`` with the engine.
 
     Each module is imported and its ``PATCHES`` registered, relative references resolving against
-    the module's package, as for the catalogue. A module that fails is reported and skipped; the
-    others still register. Returns the module names and the problems met.
+    the module's package, as for the catalogue: all of a module's patches, or none of them (one
+    malformed patch, an id declared twice, or an id another declaration already registered keeps
+    the whole module out). A module that fails is reported and skipped; the others still register.
+    Returns the module names and the problems met. Raises ``ConfigError`` if the variable is malformed.
     """
     from .. import engine as default_engine
 
@@ -86,15 +96,11 @@ def register_extra_patches(environ: Mapping[str, str] | None = None) -> tuple[tu
     eng = default_engine()
     for name in modules:
         try:
-            patches = catalogue.declarations(name)  # all valid, or none registered
-            known = set(eng.ids())
-            clashes = [p.id for p in patches if p.id in known and eng.patch(p.id) != p]
-            if clashes:
-                raise DeclarationError(f"{name} declares patch ids already registered: {', '.join(clashes)}")
-            for patch in patches:
-                if patch.id not in known:  # else the same declaration, registered by an earlier call
-                    eng.register(patch, name.rpartition(".")[0] or None)
-        except Exception as exc:  # one broken module must not keep the others out
+            patches = catalogue.declarations(name)
+            eng.register_all(patches, name.rpartition(".")[0] or None, known_ok=True)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # one broken module (even one calling sys.exit) must not keep the others out
             problems.append(f"{settings.EXTRA_PATCHES}: cannot register patches from {name}: {exc!r}")
     return modules, problems
 
@@ -102,31 +108,53 @@ def register_extra_patches(environ: Mapping[str, str] | None = None) -> tuple[tu
 def load(environ: Mapping[str, str] | None = None, *, strict: bool | None = None) -> Outcome:
     """Do what autoload does, whatever ``PATCHKIT_AUTOLOAD`` says: register the extra patches and
     ``apply_all()``. Idempotent. In strict mode (argument, else ``PATCHKIT_STRICT``) a problem
-    raises (``AutoloadError``, or the engine's own typed error); otherwise it is in the outcome.
-    """
-    global _outcome
-    from .. import engine as default_engine
+    raises (``ConfigError`` for a malformed variable, ``AutoloadError`` for an unusable extra module,
+    or the engine's own typed error); otherwise it is in the outcome.
 
+    A call made while autoload runs (an extra module's ``__init__`` calling ``load()``) returns at
+    once an outcome that did not run and says so; the running one carries on.
+    """
+    global _running
     with _lock:
         if _outcome is not None and _outcome.ran:
             return _outcome
-        modules: tuple[str, ...] = ()
-        try:
-            modules, problems = register_extra_patches(environ)
-        except ConfigError as exc:
-            problems = [str(exc)]
-        if problems and _strict(environ, strict):
-            _outcome = Outcome(ran=False, skipped="strict mode: extra patches unusable", problems=tuple(problems))
-            raise AutoloadError(problems)
-        try:
-            records = default_engine().apply_all(environ=environ, strict=strict)
-        except Exception as exc:  # strict mode raised: keep it in the outcome, then let it go on
-            _outcome = Outcome(ran=True, extra_modules=modules, problems=tuple(problems + [repr(exc)]))
+        if _running is not None:
+            where = "this thread" if _running == threading.get_ident() else f"thread {_running}"
+            return Outcome(ran=False, skipped=f"autoload is already running in {where}")
+        _running = threading.get_ident()
+    try:
+        return _load(environ, strict)
+    finally:
+        with _lock:
+            _running = None
+
+
+def _load(environ: Mapping[str, str] | None, strict: bool | None) -> Outcome:
+    global _outcome
+    from .. import engine as default_engine
+
+    modules: tuple[str, ...] = ()
+    problems: list[str] = []
+    is_strict = settings.strict_requested(environ, strict)
+    try:
+        modules, problems = register_extra_patches(environ)
+    except ConfigError:
+        if is_strict:
+            _outcome = Outcome(ran=False, skipped="strict mode: a PATCHKIT_* variable is malformed")
             raise
-        problems += [_describe_problem(record) for record in records
-                     if record.state is State.FAILED or record.reason is Reason.CONFIG_ERROR]
-        _outcome = Outcome(ran=True, extra_modules=modules, problems=tuple(dict.fromkeys(problems)))
-        return _outcome
+        # Not strict: apply_all() below parses every variable and reports this one as config_error.
+    if problems and is_strict:
+        _outcome = Outcome(ran=False, skipped="strict mode: extra patches unusable", problems=tuple(problems))
+        raise AutoloadError(problems)
+    try:
+        records = default_engine().apply_all(environ=environ, strict=strict)
+    except Exception as exc:  # strict mode raised: keep it in the outcome, then let it go on
+        _outcome = Outcome(ran=True, extra_modules=modules, problems=tuple(problems + [repr(exc)]))
+        raise
+    problems += [_describe_problem(record) for record in records
+                 if record.state is State.FAILED or record.reason is Reason.CONFIG_ERROR]
+    _outcome = Outcome(ran=True, extra_modules=modules, problems=tuple(dict.fromkeys(problems)))
+    return _outcome
 
 
 def _describe_problem(record: Any) -> str:
@@ -137,20 +165,16 @@ def _describe_problem(record: Any) -> str:
 
 
 def _strict(environ: Mapping[str, str] | None, explicit: bool | None) -> bool:
-    if explicit is not None:
-        return explicit
-    env = os.environ if environ is None else environ
-    try:
-        return settings.parse_bool(settings.STRICT, env.get(settings.STRICT, ""))
-    except ConfigError:
-        return False  # the engine reports the malformed value itself
+    return settings.strict_requested(environ, explicit)
 
 
 def run_at_startup() -> None:
     """The ``.pth`` hook's entry point. Never raises; in strict mode, a failure ends the process.
 
     Runs at most once per process (``site`` may read the same ``.pth`` twice, e.g. through a
-    ``lib64`` symlink), and not at all in a process spawned while another one autoloads.
+    ``lib64`` symlink), and not at all in a process spawned while another one autoloads. Anything
+    raised in here but ``KeyboardInterrupt`` is reported: an exception escaping a ``.pth`` line,
+    ``SystemExit`` above all, is a fatal interpreter error (``init_import_site``).
     """
     global _outcome
     if _outcome is not None:
@@ -174,15 +198,25 @@ def run_at_startup() -> None:
             _outcome = Outcome(ran=False, skipped=f"{settings.AUTOLOAD} is off")
             return
         try:
-            load()
-        except Exception as exc:  # strict mode: load() kept the failure in the outcome
-            if _outcome is None:
-                _outcome = Outcome(ran=False, problems=(repr(exc),))
+            with warnings.catch_warnings():
+                # _report below states every problem on stderr once; no second line per warning.
+                warnings.simplefilter("ignore", PatchkitWarning)
+                load()
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # strict mode, or SystemExit/any error from code autoload ran
+            if _outcome is None or not _outcome.problems:
+                _outcome = Outcome(ran=_outcome.ran if _outcome else False,
+                                   skipped=_outcome.skipped if _outcome else "", problems=(repr(exc),))
         assert _outcome is not None
         _report(_outcome, strict=_strict(None, None))
         _write_manifests(os.environ.get(settings.MANIFEST_DIR, ""))
-    except Exception:  # a bug here must still not stop the interpreter
-        logger.exception("patchkit: autoload failed")
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # a bug here must still not stop the interpreter
+        logger.error("patchkit: autoload failed: %r", exc, exc_info=True)
+        if _strict(None, None):
+            _exit_strict()
     finally:
         if os.environ.get(ACTIVE_MARKER) == str(os.getpid()):
             del os.environ[ACTIVE_MARKER]
@@ -196,8 +230,13 @@ def _write_manifests(folder: str) -> None:
     Now, because a process killed by its launcher runs no exit handler; at exit, because patches
     pending now install when their upstream is imported later.
     """
-    if not folder.strip():
+    try:
+        chosen = settings.parse_folder(settings.MANIFEST_DIR, folder)
+    except ConfigError:
+        return  # reported with the other malformed variables, as config_error
+    if chosen is None:
         return
+    folder = chosen
     import atexit
     import socket
 
@@ -220,12 +259,16 @@ def _report(result: Outcome, strict: bool) -> None:
         logger.error("patchkit: autoload: %d problem(s) in process %d: %s", len(result.problems), os.getpid(),
                      "; ".join(result.problems))
     if result.problems and strict:
-        logger.critical("patchkit: autoload failed in strict mode (%s=1); exiting with status %d",
-                        settings.STRICT, STRICT_EXIT_STATUS)
-        sys.stderr.flush()
-        # SystemExit inside site's .pth processing is a fatal interpreter error with a confusing
-        # traceback; nothing of the user's program has run yet, so there is nothing to clean up.
-        os._exit(STRICT_EXIT_STATUS)
+        _exit_strict()
+
+
+def _exit_strict() -> None:
+    logger.critical("patchkit: autoload failed in strict mode (%s=1); exiting with status %d",
+                    settings.STRICT, STRICT_EXIT_STATUS)
+    sys.stderr.flush()
+    # SystemExit inside site's .pth processing is a fatal interpreter error with a confusing
+    # traceback; nothing of the user's program has run yet, so there is nothing to clean up.
+    os._exit(STRICT_EXIT_STATUS)
 
 
 def _startup_handler() -> logging.Handler | None:
@@ -243,3 +286,15 @@ def _startup_handler() -> logging.Handler | None:
     handler.setLevel(logging.WARNING)
     ours.addHandler(handler)
     return handler
+
+
+def _after_fork_in_child() -> None:
+    # A thread that held the lock, or was running load(), does not exist in the child.
+    global _lock, _running
+    _lock = threading.Lock()
+    if _running != threading.get_ident():
+        _running = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

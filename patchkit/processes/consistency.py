@@ -6,7 +6,9 @@ process group), from files (:func:`check_files`), or from anywhere as :class:`Ma
 reference (ties go to the lowest-numbered process, so rank 0 in a two-rank job); every process
 holding something else is named, with each field that differs.
 
-``python -m patchkit.processes.consistency DIR_OR_FILES...`` checks manifest files and exits 1 on a mismatch.
+``python -m patchkit.processes.consistency DIR_OR_FILES...`` checks manifest files. Exit status: 0 the
+processes agree, 1 they differ, 2 the input cannot be compared (a manifest file that is not a
+readable manifest, named on stderr; no manifest files; bad arguments).
 """
 
 from __future__ import annotations
@@ -25,12 +27,15 @@ from typing import Any, Iterable, Sequence
 
 from ..runtime import settings
 from ..runtime.errors import ConfigError, PatchkitError
-from .manifest import COMPARED_FIELDS, Manifest, collect
+from .manifest import COMPARED_FIELDS, Manifest, ManifestError, collect
 
 logger = logging.getLogger(__name__)
 
 #: A process whose manifest lacks a patch the others have.
 ABSENT = "absent"
+
+#: Exit statuses of ``python -m patchkit.processes.consistency``.
+EXIT_SAME, EXIT_DIFFERENT, EXIT_UNREADABLE = 0, 1, 2
 
 
 @dataclass(frozen=True)
@@ -106,6 +111,8 @@ def compare(manifests: Sequence[Manifest], *, exact: bool = False) -> Report:
 
     A process that has not imported an upstream yet holds its patches ``pending``: they install at
     that import. By default that agrees with ``applied``; ``exact=True`` compares states as they are.
+    A patch still ``pending`` although its module *was* imported in that process never agrees: it
+    will not install by itself, and is named as such.
     """
     labels = tuple(_labels(manifests))
     tables = [manifest.by_id() for manifest in manifests]
@@ -119,6 +126,9 @@ def compare(manifests: Sequence[Manifest], *, exact: bool = False) -> Report:
                 continue
             entry = tables[index].get(patch_id)
             detail = (entry.error or entry.detail) if entry is not None else ""
+            if entry is not None and entry.imported_while_pending:
+                detail = (f"pending although {', '.join(entry.imported_while_pending)} is imported in this "
+                          f"process: it will not install by itself")
             if value is None or reference is None:
                 differences.append(Difference(labels[index], index, patch_id, "presence",
                                               ABSENT if reference is None else "registered",
@@ -143,7 +153,7 @@ def _value(entry: Any, exact: bool) -> dict[str, Any] | None:
     if entry is None:
         return None
     value: dict[str, Any] = entry.compared()
-    if not exact and value["state"] == "pending":
+    if not exact and value["state"] == "pending" and not entry.imported_while_pending:
         value["state"] = "applied"
     return value
 
@@ -219,8 +229,7 @@ def _strict(explicit: bool | None) -> bool:
     try:
         return settings.parse_bool(settings.STRICT, os.environ.get(settings.STRICT, ""))
     except ConfigError:
-        logger.warning("patchkit: %s is malformed; the consistency check is not strict",
-                       settings.STRICT)
+        logger.warning("patchkit: %s is malformed; the consistency check is not strict", settings.STRICT)
         return False
 
 
@@ -232,8 +241,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--report", help="also write the report here as JSON")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    report = check_files(args.paths, strict=False, exact=args.exact, report_path=args.report)
-    return 0 if report.ok else 1
+    try:
+        report = check_files(args.paths, strict=False, exact=args.exact, report_path=args.report)
+    except (ManifestError, FileNotFoundError) as exc:
+        logger.error("patchkit: cannot compare: %s", exc)
+        return EXIT_UNREADABLE
+    return EXIT_SAME if report.ok else EXIT_DIFFERENT
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -63,11 +63,18 @@ def hook_installed() -> Path | None:
     return None
 
 
+#: Exit statuses for a command that cannot be started, as a POSIX shell gives them.
+NOT_EXECUTABLE_STATUS = 126
+NOT_FOUND_STATUS = 127
+
+
 def run(command: Sequence[str], environ: Mapping[str, str] | None = None, *, replace_process: bool = True) -> int:
     """Run ``command`` with autoload on for it and every process it starts; return its exit status.
 
     On POSIX the launcher process becomes ``command`` (exec), so signals and exit status are the
-    command's own; elsewhere, or with ``replace_process=False``, it waits for a child process.
+    command's own; elsewhere, or with ``replace_process=False``, it waits for a child process. A
+    command that cannot be started gets one line on stderr and a shell's status: 127 if it is not
+    found (an empty name included), 126 if it is found but cannot be run (not executable, a folder).
     """
     if not command:
         raise ValueError("patchkit run needs a command, e.g. `patchkit run -- python train.py`")
@@ -75,16 +82,23 @@ def run(command: Sequence[str], environ: Mapping[str, str] | None = None, *, rep
     if hook_installed() is None:
         logger.warning("patchkit: the start-up hook %s is not in this interpreter's site-packages: processes "
                        "will not autoload (install patchkit with pip, not by adding it to PYTHONPATH)", HOOK_NAME)
-    if replace_process and os.name == "posix":
-        sys.stdout.flush()
-        sys.stderr.flush()
-        try:
-            os.execvpe(command[0], list(command), env)
-        except FileNotFoundError:
-            logger.error("patchkit: command not found: %s", command[0])
-            return 127
+    name = command[0]
+    if not name:
+        return _cannot_start(name, "command not found", NOT_FOUND_STATUS)
     try:
+        if replace_process and os.name == "posix":
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.execvpe(name, list(command), env)
         return subprocess.call(list(command), env=env)
     except FileNotFoundError:
-        logger.error("patchkit: command not found: %s", command[0])
-        return 127
+        return _cannot_start(name, "command not found", NOT_FOUND_STATUS)
+    except OSError as exc:  # PermissionError, IsADirectoryError, ENOEXEC...
+        if os.path.isdir(name):
+            return _cannot_start(name, "is a directory", NOT_EXECUTABLE_STATUS)
+        return _cannot_start(name, exc.strerror or type(exc).__name__, NOT_EXECUTABLE_STATUS)
+
+
+def _cannot_start(name: str, why: str, status: int) -> int:
+    logger.error("patchkit run: %s: %s", why, name or "''")
+    return status

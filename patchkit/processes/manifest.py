@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
+from ..runtime.errors import PatchkitError
 from ..runtime.status import PatchStatus
 
 SCHEMA = 1
@@ -30,9 +31,28 @@ COMPARED_FIELDS = ("state", "reason", "variant", "versions", "fingerprints")
 FINGERPRINTERS: list[Callable[[PatchStatus], Mapping[str, str]]] = []
 
 
+class ManifestError(PatchkitError, ValueError):
+    """A manifest file cannot be read: not JSON, not a manifest, or of another schema. Names the file."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        self.path = path
+        self.problem = problem
+        super().__init__(f"{path}: not a readable patchkit manifest: {problem}")
+
+
+def _imported(module: str) -> bool:
+    found = sys.modules.get(module)
+    return found is not None and not getattr(getattr(found, "__spec__", None), "_initializing", False)
+
+
 @dataclass(frozen=True)
 class Entry:
-    """One patch as this process has it."""
+    """One patch as this process has it.
+
+    ``imported_while_pending`` lists, for a ``pending`` patch, the modules it waits for that this
+    process had imported when the manifest was collected: such a patch will not install by itself,
+    so the consistency check never counts it as agreeing with ``applied``.
+    """
 
     id: str
     state: str
@@ -42,27 +62,32 @@ class Entry:
     fingerprints: Mapping[str, str] = field(default_factory=dict)
     detail: str = ""
     error: str | None = None
+    imported_while_pending: tuple[str, ...] = ()
 
     @classmethod
     def from_status(cls, record: PatchStatus) -> "Entry":
         fingerprints: dict[str, str] = {}
         for fingerprinter in FINGERPRINTERS:
             fingerprints.update(fingerprinter(record))
+        waiting = getattr(record, "waiting_for", ())
+        imported = tuple(m for m in waiting if _imported(m)) if record.state.value == "pending" else ()
         return cls(id=record.id, state=record.state.value, reason=record.reason.value if record.reason else None,
                    variant=record.variant, versions=dict(record.versions), fingerprints=fingerprints,
-                   detail=record.detail, error=record.error)
+                   detail=record.detail, error=record.error, imported_while_pending=imported)
 
     def compared(self) -> dict[str, Any]:
         return {name: _plain(getattr(self, name)) for name in COMPARED_FIELDS}
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, **self.compared(), "detail": self.detail, "error": self.error}
+        return {"id": self.id, **self.compared(), "detail": self.detail, "error": self.error,
+                "imported_while_pending": list(self.imported_while_pending)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Entry":
         return cls(id=data["id"], state=data["state"], reason=data.get("reason"), variant=data.get("variant"),
                    versions=dict(data.get("versions") or {}), fingerprints=dict(data.get("fingerprints") or {}),
-                   detail=data.get("detail", ""), error=data.get("error"))
+                   detail=data.get("detail", ""), error=data.get("error"),
+                   imported_while_pending=tuple(data.get("imported_while_pending") or ()))
 
 
 @dataclass(frozen=True)
@@ -111,7 +136,30 @@ class Manifest:
 
     @classmethod
     def read(cls, path: str | os.PathLike[str]) -> "Manifest":
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        """Read a manifest file; ``ManifestError`` names the file and what is wrong with it."""
+        shown = str(path)
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ManifestError(shown, f"cannot read it ({exc})") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            what = "empty" if not text.strip() else f"invalid JSON at line {exc.lineno} column {exc.colno} ({exc.msg})"
+            raise ManifestError(shown, f"{what}; a process writing it may have been killed") from None
+        if not isinstance(data, dict):
+            raise ManifestError(shown, f"expected a JSON object, found {type(data).__name__}")
+        if data.get("schema") != SCHEMA:
+            raise ManifestError(shown, f"schema {data.get('schema')!r} is not the supported {SCHEMA}")
+        patches = data.get("patches")
+        if not isinstance(patches, list) or not all(
+                isinstance(e, dict) and isinstance(e.get("id"), str) and isinstance(e.get("state"), str)
+                for e in patches):
+            raise ManifestError(shown, "expected 'patches': a list of objects with 'id' and 'state'")
+        try:
+            return cls.from_dict(data)
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise ManifestError(shown, f"malformed entry ({exc!r})") from None
 
 
 def collect(records: Iterable[PatchStatus] | None = None, *, rank: int | None = None) -> Manifest:

@@ -58,13 +58,19 @@ def _declaration_modules(package_name: str) -> list[str]:
 
 
 def declarations(module_name: str) -> tuple[Patch, ...]:
-    """The validated ``PATCHES`` of one declaration module; raises if any is malformed."""
+    """The validated ``PATCHES`` of one declaration module; raises if any is malformed or two share
+    an id (all valid, or none registered)."""
     module = importlib.import_module(module_name)
     patches = tuple(module.PATCHES)
+    seen: set[str] = set()
     for patch in patches:
         if not isinstance(patch, Patch):
             raise DeclarationError(f"{module_name}.PATCHES must hold Patch objects, got {patch!r}")
         validate(patch)
+        if patch.id in seen:
+            raise DeclarationError(f"{module_name} declares patch id {patch.id!r} twice; none of its patches "
+                                   f"is registered")
+        seen.add(patch.id)
     return patches
 
 
@@ -75,7 +81,9 @@ def load(package_name: str = CATALOGUE_PACKAGE) -> tuple[list[Registered], list[
     for module_name in _declaration_modules(package_name):
         try:
             patches = declarations(module_name)
-        except Exception as exc:  # a broken declaration must not take the host process down
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # a broken declaration (even one calling sys.exit) must not end the host
             logger.error("patchkit: cannot load patch declarations from %s: %r", module_name, exc)
             errors.append(CatalogueError(module_name, repr(exc)))
             continue

@@ -1,10 +1,25 @@
 """The engine: decides, for each registered patch, what to do in this process, and does it.
 
-One re-entrant lock guards all state, so ``apply_all``/``revert_all`` from many threads and import
-hooks firing mid-call see a consistent registry. A patch moves through its states one at a time:
+A patch moves through its states one at a time:
 
     registered -> skipped | pending -> applied | forced | failed | skipped(target_missing)
     applied | forced | pending -> reverted -> (considered again by the next apply)
+
+Locks, and their order. One re-entrant lock per engine guards its registry and every state
+change, so ``apply_all``/``revert_all`` from many threads and import hooks firing mid-call see a
+consistent registry. Post-import hooks run inside Python's import machinery, holding that module's
+import lock, and then take the engine lock: the order is always *import lock, then engine lock*.
+So the engine lock is never held across an import of an upstream or implementation module (nor
+across the drift check): installing is done in three steps, (1) under the lock, decide and claim
+the patch (a ticket: no other thread installs it meanwhile); (2) without it, import what the
+variant references and check drift; (3) under the lock again, set the attributes, if the ticket
+still holds (a ``revert`` in between cancels it). Factories (``Wrap``) and ``Call`` install/undo
+functions run in step 3, under the lock: they must not import upstream modules themselves (import
+at the top of the implementation module, which step 2 imports). The hook registry's own lock
+(``_WATCH_LOCK``) is never held together with an engine lock.
+
+Forks: :func:`os.register_at_fork` takes every lock before ``fork()`` and gives the child fresh
+ones, so a child never inherits a lock held by a thread that does not exist there.
 """
 
 from __future__ import annotations
@@ -16,8 +31,9 @@ import logging
 import os
 import sys
 import threading
+import warnings
 import weakref
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
 from . import gating
 from . import settings as settings_module
@@ -30,11 +46,14 @@ from .errors import (
     ForceRefusedError,
     ForeignWrapperError,
     PatchInstallError,
+    PatchkitWarning,
+    RevertError,
     TargetResolutionError,
+    UndoError,
     UnknownPatchError,
     UnsupportedVersionError,
 )
-from .installer import Installed, Registration, install_all, uninstall_all
+from .installer import Installed, Prepared, Registration, install_all, prepare_all, uninstall_all
 from .settings import Settings
 from .status import PatchStatus, Reason, State
 from .versions import InstalledVersion, Outcome, installed_version, select_variant
@@ -45,11 +64,20 @@ if TYPE_CHECKING:  # the drift module is imported only when a patch installs
 logger = logging.getLogger("patchkit")
 
 
+class _Ticket:
+    """A claim on one patch's installation, held by the thread doing it (see the module docstring)."""
+
+    __slots__ = ("thread",)
+
+    def __init__(self) -> None:
+        self.thread = threading.get_ident()
+
+
 class _Entry:
     """What the engine knows and holds for one patch (mutable, guarded by the engine's lock)."""
 
     __slots__ = ("registered", "state", "reason", "detail", "variant", "versions", "error", "waiting_for",
-                 "installed", "settings")
+                 "installed", "settings", "ticket")
 
     def __init__(self, registered: Registered) -> None:
         self.registered = registered
@@ -60,8 +88,11 @@ class _Entry:
         self.versions: dict[str, str | None] = {}
         self.error: str | None = None
         self.waiting_for: tuple[str, ...] = ()
+        #: What is installed now. Non-empty in state FAILED too when a rollback could not undo a step:
+        #: revert() retries it.
         self.installed: list[Installed | Registration] = []
         self.settings = Settings()
+        self.ticket: _Ticket | None = None
 
     @property
     def patch(self) -> Patch:
@@ -84,7 +115,30 @@ class _Entry:
             versions=dict(self.versions),
             error=self.error,
             targets=targets,
+            waiting_for=self.waiting_for if self.state is State.PENDING else (),
         )
+
+
+class _Job(NamedTuple):
+    """An installation decided under the lock, carried out by :meth:`Engine._carry_out`."""
+
+    entry: _Entry
+    ticket: _Ticket
+    variant: Variant
+    forced: bool
+    unsupported_detail: str
+    #: Set when the variant applies past its range because its code is identical (code-identity gating).
+    identical: str | None = None
+
+
+class _Work:
+    """What one locked pass decided and must be done after releasing the lock."""
+
+    __slots__ = ("jobs", "watch")
+
+    def __init__(self) -> None:
+        self.jobs: list[_Job] = []
+        self.watch: list[str] = []
 
 
 class Engine:
@@ -110,19 +164,42 @@ class Engine:
 
     def register(self, patch: Patch, package: str | None = None) -> None:
         """Add a patch. Its relative references resolve against ``package``."""
+        self.register_all((patch,), package)
+
+    def register_all(self, patches: Sequence[Patch], package: str | None = None, *,
+                     known_ok: bool = False) -> None:
+        """Add several patches, all or none: one malformed or clashing patch registers none of them.
+
+        With ``known_ok``, a patch already registered with the very same declaration is skipped
+        instead of being a clash (registering one module's patches again is then harmless).
+        """
         with self._lock:
-            validate(patch)
-            if patch.id in self._entries:
-                raise DeclarationError(f"patch id {patch.id!r} is registered twice")
-            patch = patch._replace(variants=tuple(patch.variants), version_modules=dict(patch.version_modules))
-            self._entries[patch.id] = _Entry(Registered(patch, package))
+            seen: set[str] = set()
+            adding, clashes = [], []
+            for patch in patches:
+                validate(patch)
+                if patch.id in seen:
+                    raise DeclarationError(f"patch id {patch.id!r} is declared twice")
+                seen.add(patch.id)
+                if patch.id in self._entries:
+                    if not (known_ok and self._entries[patch.id].patch == patch):
+                        clashes.append(patch.id)
+                    continue
+                adding.append(patch._replace(variants=tuple(patch.variants),
+                                             version_modules=dict(patch.version_modules)))
+            if clashes:
+                raise DeclarationError(f"patch ids already registered: {', '.join(clashes)}")
+            for patch in adding:
+                self._entries[patch.id] = _Entry(Registered(patch, package))
             self._entries = dict(sorted(self._entries.items()))
 
     def ids(self) -> list[str]:
-        return list(self._entries)
+        with self._lock:
+            return list(self._entries)
 
     def patch(self, patch_id: str) -> Patch:
-        return self._entry(patch_id, "patch id").patch
+        with self._lock:
+            return self._entry(patch_id, "patch id").patch
 
     def installed_actions(self, patch_id: str) -> tuple[Installed | Registration, ...]:
         """What a patch installed in this process (empty unless it is applied), newest last."""
@@ -138,7 +215,7 @@ class Engine:
         if entry is None:
             import difflib
 
-            close = difflib.get_close_matches(patch_id, self.ids(), n=3, cutoff=0.5)
+            close = difflib.get_close_matches(patch_id, list(self._entries), n=3, cutoff=0.5)
             raise UnknownPatchError(variable, patch_id, close)
         return entry
 
@@ -155,17 +232,21 @@ class Engine:
     ) -> list[PatchStatus]:
         """Apply every patch that applies here; idempotent. Returns every patch's status.
 
-        Explicit arguments override the ``PATCHKIT_*`` variables. A malformed toggle or an unknown
-        id applies nothing (every patch is skipped with ``config_error``) unless strict, which raises.
+        Explicit arguments override the ``PATCHKIT_*`` variables. A malformed variable or an unknown
+        id applies nothing (every patch is skipped with ``config_error``, and a ``PatchkitWarning``
+        says so) unless strict, which raises ``ConfigError``.
         """
+        work = _Work()
         with self._lock:
-            chosen = self._settings(environ, enable=enable, disable=disable, force=force, strict=strict)
+            chosen = self._settings(environ, list(self._entries.values()), enable=enable, disable=disable,
+                                    force=force, strict=strict)
             if chosen is None:
                 return self.status()
             for entry in self._entries.values():
-                if not entry.state.installed and entry.state is not State.FAILED:
-                    self._consider(entry, chosen)
-            return self.status()
+                if not entry.state.installed and entry.state is not State.FAILED and entry.ticket is None:
+                    self._consider(entry, chosen, work)
+        self._carry_out_all(work)
+        return self.status()
 
     def apply(self, *patterns: str, import_targets: bool = False, strict: bool | None = None,
               environ: Mapping[str, str] | None = None) -> list[PatchStatus]:
@@ -173,85 +254,94 @@ class Engine:
 
         ``PATCHKIT_DISABLE`` still wins: it is the switch that turns a misbehaving patch off without a
         code change. With ``import_targets``, target modules are imported now so the patches install
-        at once instead of waiting. Unknown ids raise ``UnknownPatchError``.
+        at once instead of waiting. An unknown or malformed pattern raises ``UnknownPatchError`` /
+        ``ConfigError``; a malformed ``PATCHKIT_*`` variable is handled as in :meth:`apply_all`.
         """
+        work = _Work()
         with self._lock:
-            chosen = settings_module.from_environment(environ, enable=list(patterns), strict=strict)
-            settings_module.check_known(chosen, self.ids())
-            self._use(chosen)
-            selected = [e for e in self._entries.values() if settings_module.matches_any(e.patch.id, patterns)]
+            explicit = settings_module.parse_patterns("argument patterns", list(patterns))
+            settings_module.check_known(Settings(enable=explicit), list(self._entries))
+            selected = [e for e in self._entries.values() if settings_module.matches_any(e.patch.id, explicit)]
+            chosen = self._settings(environ, selected, enable=list(patterns), strict=strict)
+            if chosen is None:
+                return [entry.record() for entry in selected]
             for entry in selected:
-                if not entry.state.installed:
-                    self._consider(entry, chosen)
-            if import_targets:
-                self._import_waiting(selected)
+                if not entry.state.installed and entry.ticket is None:
+                    self._consider(entry, chosen, work)
+        self._carry_out_all(work)
+        if import_targets:
+            self._import_waiting(selected)
+        with self._lock:
             return [entry.record() for entry in selected]
 
     @contextlib.contextmanager
     def applied(self, *patterns: str, strict: bool | None = None) -> Iterator[list[PatchStatus]]:
-        """Apply ``patterns`` now (importing their targets) and revert on exit; for tests."""
+        """Apply ``patterns`` now (importing their targets) and revert on exit; for tests.
+
+        On exit every patch it applied is reverted, even when one of them refuses: the failures are
+        raised together afterwards, as one ``RevertError``.
+        """
         with self._lock:
             before = {pid for pid, e in self._entries.items() if e.state.installed or e.state is State.PENDING}
-            records = self.apply(*patterns, import_targets=True, strict=strict)
+        records = self.apply(*patterns, import_targets=True, strict=strict)
         try:
             yield records
         finally:
-            with self._lock:
-                for record in records:
-                    if record.id not in before:
-                        self.revert(record.id)
+            self._revert_each([record.id for record in records if record.id not in before], refusals_raise=True)
 
     def import_targets(self) -> list[PatchStatus]:
         """Import the modules every pending patch waits for, so it installs now (``patchkit status``)."""
         with self._lock:
-            self._import_waiting(list(self._entries.values()))
-            return self.status()
+            entries = list(self._entries.values())
+        self._import_waiting(entries)
+        return self.status()
 
     def _import_waiting(self, entries: Iterable[_Entry]) -> None:
+        """Import what ``entries`` wait for, without the lock: their hooks then install them."""
         for entry in entries:
-            for module in entry.waiting_for:
-                if entry.state is State.PENDING and module not in sys.modules:
-                    try:
-                        importlib.import_module(module)
-                    except Exception as exc:  # the upstream itself fails to import here
-                        if self._strict:
-                            raise
+            with self._lock:
+                waiting = entry.waiting_for if entry.state is State.PENDING else ()
+            for module in waiting:
+                if module in sys.modules:
+                    continue
+                try:
+                    importlib.import_module(module)
+                except Exception as exc:  # the upstream itself fails to import here
+                    with self._lock:
                         entry.set(State.FAILED, detail=f"importing {module} failed", error=repr(exc))
-                        logger.error("patchkit: %s: importing %s failed: %r", entry.patch.id, module, exc)
+                    logger.error("patchkit: %s: importing %s failed: %r", entry.patch.id, module, exc)
+                    if self._strict:
+                        raise
 
-    def _settings(self, environ: Mapping[str, str] | None, **explicit: Any) -> Settings | None:
-        """Parse the toggles; on a bad value, raise if strict, else mark everything config_error."""
+    def _settings(self, environ: Mapping[str, str] | None, scope: Sequence[_Entry],
+                  **explicit: Any) -> Settings | None:
+        """Parse the toggles; on a bad value, raise if strict, else mark ``scope`` config_error.
+
+        A malformed value disables patches, so it is also a ``PatchkitWarning``: it reaches the user
+        even where no logging is configured (the ``patchkit`` logger has only a NullHandler then).
+        """
         try:
             chosen = settings_module.from_environment(environ, **explicit)
-            for warning in settings_module.check_known(chosen, self.ids()):
+            for warning in settings_module.check_known(chosen, list(self._entries)):
                 logger.warning("patchkit: %s", warning)
         except ConfigError as exc:
-            if self._strict_despite_error(environ, explicit.get("strict")):
+            if settings_module.strict_requested(environ, explicit.get("strict")):
                 raise
             logger.error("patchkit: nothing applied: %s", exc)
-            for entry in self._entries.values():
-                if not entry.state.installed and entry.state is not State.PENDING:
+            warn(f"patchkit: nothing applied: {exc}")
+            for entry in scope:
+                if not entry.state.installed and entry.state is not State.PENDING and entry.ticket is None:
                     entry.set(State.SKIPPED, Reason.CONFIG_ERROR, str(exc))
             return None
         self._use(chosen)
         return chosen
-
-    @staticmethod
-    def _strict_despite_error(environ: Mapping[str, str] | None, explicit: bool | None) -> bool:
-        if explicit is not None:
-            return explicit
-        try:
-            env = os.environ if environ is None else environ
-            return settings_module.parse_bool(settings_module.STRICT, env.get(settings_module.STRICT, ""))
-        except ConfigError:
-            return False
 
     def _use(self, chosen: Settings) -> None:
         self._strict = chosen.strict
         if chosen.log_level is not None:
             logger.setLevel(chosen.log_level)
 
-    def _consider(self, entry: _Entry, chosen: Settings) -> None:
+    def _consider(self, entry: _Entry, chosen: Settings, work: _Work) -> None:
         patch = entry.patch
         entry.settings = chosen
         if not chosen.is_enabled(patch.id, patch.opt_in):
@@ -261,20 +351,30 @@ class Engine:
         elif chosen.is_disabled(patch.id):
             entry.set(State.SKIPPED, Reason.DISABLED, "disabled by PATCHKIT_DISABLE")
         else:
-            self._advance_safely(entry, "while applying")
+            self._advance_safely(entry, "while applying", work)
 
-    def _advance_safely(self, entry: _Entry, context: str, just_imported: str | None = None) -> None:
-        """``_advance``, with anything unexpected recorded as a failure of this patch alone."""
+    def _advance_safely(self, entry: _Entry, context: str, work: _Work, just_imported: str | None = None) -> None:
+        """``_advance``, with anything unexpected recorded as a failure of this patch alone.
+
+        The failure is recorded in strict mode too, before it is raised: the status never says
+        ``pending`` for a patch that failed.
+        """
         try:
-            self._advance(entry, just_imported)
+            self._advance(entry, work, just_imported)
         except Exception as exc:
+            if not isinstance(exc, (UnsupportedVersionError, ForceRefusedError)):  # these recorded their skip
+                self._fail(entry, context, exc)
             if entry.settings.strict:
                 raise
-            entry.set(State.FAILED, detail=context, error=str(exc) if isinstance(exc, DeclarationError) else repr(exc))
-            logger.error("patchkit: %s failed %s: %r", entry.patch.id, context, exc)
 
-    def _advance(self, entry: _Entry, just_imported: str | None = None) -> None:
-        """Take ``entry`` as far as the installed upstreams and imported modules allow.
+    def _fail(self, entry: _Entry, context: str, exc: BaseException) -> None:
+        error = str(exc) if isinstance(exc, (DeclarationError, PatchInstallError, DriftError)) else repr(exc)
+        entry.set(State.FAILED, detail=context, error=error)
+        logger.error("patchkit: %s failed %s: %s", entry.patch.id, context, error)
+
+    def _advance(self, entry: _Entry, work: _Work, just_imported: str | None = None) -> None:
+        """Take ``entry`` as far as the installed upstreams and imported modules allow, under the lock:
+        record a skip, wait for an import (``work.watch``), or claim the install (``work.jobs``).
 
         ``just_imported`` is the module whose post-import hook is running: it has finished executing
         though Python still flags it as initialising until the hook returns.
@@ -291,16 +391,16 @@ class Engine:
             logger.debug("patchkit: %s skipped: %s", patch.id, selection.detail)
             return
         if selection.outcome is Outcome.DEFERRED:
-            self._wait(entry, selection.waiting_for, selection.detail)
+            self._wait(entry, selection.waiting_for, selection.detail, work)
             return
         forced_native = gating.native_refusal(patch, found, selection) if entry.settings.is_forced(patch.id) else None
         if forced_native is not None:
             refused = ForceRefusedError(patch.id, entry.versions, forced_native.name,
                                         forced_native.native or "native")
-            if entry.settings.strict:
-                raise refused
             entry.variant = forced_native
             entry.set(State.SKIPPED, Reason.NATIVE, forced_native.native or "native", error=str(refused))
+            if entry.settings.strict:
+                raise refused
             logger.error("patchkit: %s", refused)
             return
         identical = None
@@ -319,7 +419,7 @@ class Engine:
                 missing = tuple(m for m in nearest.modules if m != just_imported and not _imported(m))
                 if missing:
                     self._wait(entry, missing, f"{selection.detail}; its code is compared with variant "
-                                               f"{nearest.name} once {', '.join(missing)} is imported")
+                                               f"{nearest.name} once {', '.join(missing)} is imported", work)
                     return
                 identity = gating.identity(patch, nearest, self._matrix, entry.settings.strict)
                 if not identity.identical:
@@ -342,50 +442,97 @@ class Engine:
             return
         missing = tuple(m for m in variant.modules if m != just_imported and not _imported(m))
         if missing:
-            self._wait(entry, missing, f"waiting for {', '.join(missing)} to be imported")
+            self._wait(entry, missing, f"waiting for {', '.join(missing)} to be imported", work)
             return
-        self._install(entry, variant, forced, selection.detail, identical)
+        entry.ticket = _Ticket()
+        work.jobs.append(_Job(entry, entry.ticket, variant, forced, selection.detail, identical))
 
     def _unsupported(self, entry: _Entry, detail: str, identity_detail: str = "") -> None:
+        """Record the skip first: strict mode raises, and the status must already say why."""
         patch = entry.patch
+        entry.set(State.SKIPPED, Reason.UNSUPPORTED_VERSION, detail)
         if entry.settings.strict:
             raise UnsupportedVersionError(patch.id, entry.versions, (v.name for v in patch.variants),
                                           detail=identity_detail)
-        entry.set(State.SKIPPED, Reason.UNSUPPORTED_VERSION, detail)
         logger.warning("patchkit: %s skipped: %s", patch.id, detail)
 
-    def _install(self, entry: _Entry, variant: Variant, forced: bool, unsupported_detail: str,
-                 identical: str | None = None) -> None:
-        patch = entry.patch
-        # A forced variant is already outside its verified range; drift would only say so again. A
-        # code-identical one was just compared with every record.
-        drift = None if forced or identical else self._drift(entry, variant)
+    def _carry_out_all(self, work: _Work) -> None:
+        """Do what a locked pass decided, without the lock; raise the first strict-mode error after
+        every job ran (one patch's strict failure does not leave another one half-decided)."""
+        first: BaseException | None = None
+        for job in work.jobs:
+            try:
+                self._carry_out(job)
+            except Exception as exc:
+                first = first or exc
+        for module in work.watch:
+            _watch(module)
+        if first is not None:
+            raise first
+
+    def _carry_out(self, job: _Job) -> None:
+        """Install one claimed patch: imports and drift without the lock, attributes under it."""
+        entry, variant, patch = job.entry, job.variant, job.entry.patch
         try:
-            entry.installed = install_all(patch.id, variant.installs, entry.registered.package)
-        except TargetResolutionError as exc:
+            # A forced variant is already outside its verified range; drift would only say so again. A
+            # code-identical one was just compared with every record.
+            drift = None if job.forced or job.identical else self._drift(entry, variant)
+            prepared = prepare_all(patch.id, variant.installs, entry.registered.package)
+        except Exception as exc:
+            with self._lock:
+                if entry.ticket is not job.ticket:
+                    return  # reverted meanwhile: nothing was installed
+                entry.ticket = None
+                self._install_failed(entry, variant, exc)
             if entry.settings.strict:
                 raise
+            return
+        with self._lock:
+            if entry.ticket is not job.ticket:
+                return  # reverted or re-decided meanwhile
+            entry.ticket = None
+            self._install(entry, variant, prepared, job.forced, job.unsupported_detail, drift, job.identical)
+
+    def _install_failed(self, entry: _Entry, variant: Variant, exc: Exception) -> None:
+        """Record why ``variant`` did not install (under the lock); the caller raises if strict."""
+        patch = entry.patch
+        if isinstance(exc, TargetResolutionError):
             entry.set(State.SKIPPED, Reason.TARGET_MISSING, str(exc))
             logger.warning("patchkit: %s skipped (variant %s): %s", patch.id, variant.name, exc)
-        except PatchInstallError as exc:
-            if entry.settings.strict:
-                raise
+        elif isinstance(exc, PatchInstallError):
+            entry.installed = list(exc.leftovers)  # what the rollback could not undo: revert() retries it
             entry.set(State.FAILED, detail=f"variant {variant.name}", error=str(exc))
             logger.error("patchkit: %s", exc)
+        elif isinstance(exc, DriftError):
+            entry.set(State.FAILED, Reason.DRIFTED, f"variant {variant.name} refused in strict mode",
+                      error=str(exc))
+            logger.error("patchkit: %s", exc)
         else:
-            if forced:
-                entry.set(State.FORCED, Reason.UNSUPPORTED_VERSION, f"forced: {unsupported_detail}")
-                logger.warning("patchkit: %s applied by force (variant %s): %s", patch.id, variant.name,
-                               unsupported_detail)
-            elif identical is not None:
-                entry.set(State.APPLIED, Reason.CODE_IDENTICAL, identical)
-                logger.warning("patchkit: %s applied (variant %s): %s", patch.id, variant.name, identical)
-            elif drift is not None:
-                entry.set(State.APPLIED, Reason.DRIFTED, drift.detail)
-                logger.warning("patchkit: %s applied (variant %s), but %s", patch.id, variant.name, drift.detail)
-            else:
-                entry.set(State.APPLIED)
-                logger.info("patchkit: %s applied (variant %s)", patch.id, variant.name)
+            self._fail(entry, f"variant {variant.name}", exc)
+
+    def _install(self, entry: _Entry, variant: Variant, prepared: list[Prepared], forced: bool,
+                 unsupported_detail: str, drift: "Drift | None", identical: str | None = None) -> None:
+        patch = entry.patch
+        try:
+            entry.installed = install_all(patch.id, prepared)
+        except Exception as exc:
+            self._install_failed(entry, variant, exc)
+            if entry.settings.strict:
+                raise
+            return
+        if forced:
+            entry.set(State.FORCED, Reason.UNSUPPORTED_VERSION, f"forced: {unsupported_detail}")
+            logger.warning("patchkit: %s applied by force (variant %s): %s", patch.id, variant.name,
+                           unsupported_detail)
+        elif identical is not None:
+            entry.set(State.APPLIED, Reason.CODE_IDENTICAL, identical)
+            logger.warning("patchkit: %s applied (variant %s): %s", patch.id, variant.name, identical)
+        elif drift is not None:
+            entry.set(State.APPLIED, Reason.DRIFTED, drift.detail)
+            logger.warning("patchkit: %s applied (variant %s), but %s", patch.id, variant.name, drift.detail)
+        else:
+            entry.set(State.APPLIED)
+            logger.info("patchkit: %s applied (variant %s)", patch.id, variant.name)
 
     def _drift(self, entry: _Entry, variant: Variant) -> "Drift | None":
         """Compare the targets with compat_matrix.yaml; strict mode refuses a drifted variant."""
@@ -402,51 +549,79 @@ class Engine:
             raise DriftError(found.patch_id, found.variant, found.targets, found.compared)
         return found
 
-    def _wait(self, entry: _Entry, modules: tuple[str, ...], detail: str) -> None:
-        # The state is set before the hooks: a hook may fire at once (the module was imported
-        # meanwhile) and must find the entry already pending.
+    def _wait(self, entry: _Entry, modules: tuple[str, ...], detail: str, work: _Work) -> None:
+        # Hooks are armed after the lock is released (work.watch): one may fire at once (the module
+        # was imported meanwhile) and must find the entry already pending.
         entry.set(State.PENDING, None, detail)
         entry.waiting_for = modules
-        for module in modules:
-            _watch(module)
+        work.watch.extend(modules)
 
     def _module_imported(self, module: str) -> None:
         """Post-import hook: advance every patch that was waiting for ``module``."""
+        work = _Work()
+        first: Exception | None = None
         with self._lock:
             for entry in self._entries.values():
-                if entry.state is State.PENDING and module in entry.waiting_for:
-                    self._advance_safely(entry, f"on import of {module}", just_imported=module)
+                if entry.state is State.PENDING and module in entry.waiting_for and entry.ticket is None:
+                    try:
+                        self._advance_safely(entry, f"on import of {module}", work, just_imported=module)
+                    except Exception as exc:  # strict: recorded; raised once the others are decided
+                        first = first or exc
+        self._carry_out_all(work)
+        if first is not None:
+            raise first
 
     # -- reverting ------------------------------------------------------------------------------
 
     def revert(self, patch_id: str) -> PatchStatus:
-        """Restore the originals of one patch. Raises ``ForeignWrapperError`` if another wrapper
-        sits on top of patchkit's (the patch then stays applied)."""
+        """Restore the originals of one patch.
+
+        Raises ``ForeignWrapperError`` if another wrapper sits on top of patchkit's (the patch then
+        stays applied), or ``UndoError`` if an undo step raised: every other target is restored,
+        the patch is ``failed`` and a later ``revert()`` retries the steps that raised.
+        """
         with self._lock:
             entry = self._entry(patch_id, "patch id")
-            if entry.state.installed:
+            cancelled = entry.ticket is not None
+            entry.ticket = None  # an install in progress in another thread will not commit
+            if entry.installed:
                 try:
                     uninstall_all(entry.patch.id, entry.installed)
                 except ForeignWrapperError as exc:
                     entry.reason, entry.detail = Reason.FOREIGN_WRAPPER, str(exc)
                     raise
+                except UndoError as exc:
+                    entry.set(State.FAILED, detail="partly reverted", error=str(exc))
+                    raise
                 entry.set(State.REVERTED, detail="originals restored")
                 logger.info("patchkit: %s reverted", patch_id)
-            elif entry.state is State.PENDING:
+            elif entry.state is State.PENDING or cancelled:
                 entry.set(State.REVERTED, detail="no longer waiting for import")
             return entry.record()
 
     def revert_all(self) -> list[PatchStatus]:
-        """Revert every patch that can be; refused ones stay applied and say why in their status."""
-        with self._lock:
-            for patch_id in reversed(self.ids()):
-                try:
-                    self.revert(patch_id)
-                except ForeignWrapperError as exc:
-                    if self._strict:
-                        raise
-                    logger.error("patchkit: %s", exc)
-            return self.status()
+        """Revert every patch that can be, then raise one ``RevertError`` naming each that could not.
+
+        A refusal (``ForeignWrapperError``: a third party's wrapper on top) only leaves that patch
+        applied, saying why in its status, unless strict mode makes it an error too.
+        """
+        self._revert_each(list(reversed(self.ids())), refusals_raise=None)
+        return self.status()
+
+    def _revert_each(self, patch_ids: Sequence[str], refusals_raise: bool | None) -> None:
+        errors: dict[str, BaseException] = {}
+        for patch_id in patch_ids:
+            try:
+                self.revert(patch_id)
+            except ForeignWrapperError as exc:
+                logger.error("patchkit: %s", exc)
+                if refusals_raise or (refusals_raise is None and self._strict):
+                    errors[patch_id] = exc
+            except Exception as exc:  # an undo step raised: go on with the others
+                logger.error("patchkit: %s: revert failed: %s", patch_id, exc)
+                errors[patch_id] = exc
+        if errors:
+            raise RevertError(errors)
 
     # -- reporting ------------------------------------------------------------------------------
 
@@ -466,14 +641,25 @@ class Engine:
             return records
 
 
+def warn(message: str) -> None:
+    """Issue a ``PatchkitWarning`` attributed to the first caller outside patchkit, so Python's
+    default filter shows each distinct problem once per calling line, and users can filter it."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    level, frame = 2, sys._getframe(1)
+    while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, PatchkitWarning, stacklevel=level)
+
+
 # -- post-import hooks ----------------------------------------------------------------------------
 # Post-import hooks (patchkit.runtime.hooks) fire once and cannot be unregistered, so at most one
-# is armed per module name; it
-# dispatches to whichever engines are alive, and each engine ignores modules it no longer waits for.
+# is armed per module name; it dispatches to whichever engines are alive, and each engine ignores
+# modules it no longer waits for. A module whose import is in flight (in any thread, this one
+# included) is hooked too: the hook runs when that import finishes.
 
 _ENGINES: "weakref.WeakSet[Engine]" = weakref.WeakSet()
 _ARMED: set[str] = set()
-_WATCH_LOCK = threading.RLock()  # hooks may fire the hook at once, from inside _watch
+_WATCH_LOCK = threading.RLock()
 
 
 def _imported(module: str) -> bool:
@@ -484,22 +670,24 @@ def _imported(module: str) -> bool:
 
 
 def _watch(module: str) -> None:
+    """Call :func:`_dispatch` for ``module`` once it has finished importing: now if it has, when its
+    import in flight completes, or at its first import. Never called with an engine lock held."""
     with _WATCH_LOCK:
         if module in _ARMED:
             return
-        if module in sys.modules and not _imported(module):
-            # Its import began before any hook was armed, so none will fire when it ends; the
-            # patch stays pending until the next import it waits for, or import_targets().
-            logger.debug("patchkit: %s is still being imported; cannot hook it now", module)
-            return
-        if module not in sys.modules:
+        waiting = not _imported(module)
+        if waiting:
             _ARMED.add(module)
-            from . import hooks
+    if not waiting:
+        _dispatch(module)
+        return
+    from . import hooks
 
-            # hooks calls it at once, outside this lock, if the module got imported meanwhile.
-            hooks.register(module, _on_import)
-            return
-    _dispatch(module)
+    hooks.register(module, _on_import)  # runs it at once if the import finished meanwhile
+    if _imported(module):
+        # The import in flight ended between our look and the hook's arming: it will not fire.
+        # Dispatching twice is harmless (an engine ignores modules it no longer waits for).
+        _on_import(sys.modules[module])
 
 
 def _on_import(module: Any) -> None:
@@ -517,3 +705,40 @@ def _dispatch(module: str) -> None:
             if engine._strict:
                 raise
             logger.exception("patchkit: post-import hook for %s failed", module)
+
+
+# -- fork safety ----------------------------------------------------------------------------------
+
+
+def _before_fork() -> None:
+    # Take every lock, so no other thread is half-way through a change when the child's memory is
+    # copied; the same order as nowhere else nests them (see the module docstring).
+    _WATCH_LOCK.acquire()
+    for engine in list(_ENGINES):
+        engine._lock.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    for engine in list(_ENGINES):
+        engine._lock.release()
+    _WATCH_LOCK.release()
+
+
+def _after_fork_in_child() -> None:
+    # Only the forking thread exists here: fresh locks, and no claim of a vanished thread stands.
+    global _WATCH_LOCK
+    _WATCH_LOCK = threading.RLock()
+    hooks: Any = sys.modules.get(f"{__package__}.hooks")
+    if hooks is not None:  # the hook registry's lock, held briefly by register() in any thread
+        hooks._lock = threading.RLock()
+    me = threading.get_ident()
+    for engine in list(_ENGINES):
+        engine._lock = threading.RLock()
+        for entry in engine._entries.values():
+            if entry.ticket is not None and entry.ticket.thread != me:
+                entry.ticket = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                        after_in_child=_after_fork_in_child)

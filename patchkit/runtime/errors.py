@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 
 class PatchkitError(Exception):
@@ -60,14 +60,63 @@ class TargetResolutionError(PatchkitError, AttributeError):
         super().__init__(f"cannot resolve {path}: {missing}")
 
 
-class PatchInstallError(PatchkitError):
-    """Installing a patch failed; everything it had installed was rolled back."""
+class PatchkitWarning(UserWarning):
+    """A problem that disabled patches, shown even where no logging is configured.
 
-    def __init__(self, patch_id: str, target: str, cause: BaseException) -> None:
+    Filter it like any warning: ``warnings.filterwarnings("ignore", category=patchkit.PatchkitWarning)``
+    or ``python -W ignore::patchkit.PatchkitWarning``.
+    """
+
+
+class PatchInstallError(PatchkitError):
+    """Installing a patch failed; everything it had installed was rolled back.
+
+    If an undo step itself raised during that rollback, ``rollback_errors`` names each (the rest was
+    still rolled back) and what could not be undone stays with the patch, so ``revert()`` retries it.
+    """
+
+    def __init__(self, patch_id: str, target: str, cause: BaseException,
+                 rollback_errors: Sequence[tuple[str, BaseException]] = ()) -> None:
         self.patch_id = patch_id
         self.target = target
-        super().__init__(f"{patch_id}: installing {target} failed and was rolled back: {cause!r}")
+        self.rollback_errors = tuple(rollback_errors)
+        #: What the rollback could not undo (installer records); the engine keeps it for revert().
+        self.leftovers: list[Any] = []
+        if self.rollback_errors:
+            undone = "; ".join(f"{where}: {error!r}" for where, error in self.rollback_errors)
+            message = (f"{patch_id}: installing {target} failed: {cause!r}; the rollback could not undo "
+                       f"{undone} (everything else was rolled back; patchkit.revert({patch_id!r}) retries)")
+        else:
+            message = f"{patch_id}: installing {target} failed and was rolled back: {cause!r}"
+        super().__init__(message)
         self.__cause__ = cause
+
+
+class UndoError(PatchkitError):
+    """Restoring some targets of one patch raised; the others were restored.
+
+    ``failures`` holds (target, error) for each step that raised; those steps stay recorded with the
+    patch, so a later ``revert()`` tries them again.
+    """
+
+    def __init__(self, patch_id: str, failures: Sequence[tuple[str, BaseException]]) -> None:
+        self.patch_id = patch_id
+        self.failures = tuple(failures)
+        listed = "; ".join(f"{where}: {error!r}" for where, error in self.failures)
+        super().__init__(f"{patch_id}: restoring the originals failed at {listed}; the other targets were restored")
+
+
+class RevertError(PatchkitError):
+    """Reverting several patches: everything that could be reverted was, and these could not.
+
+    ``errors`` maps each patch id to its error (``ForeignWrapperError``, ``UndoError``, ...).
+    """
+
+    def __init__(self, errors: Mapping[str, BaseException]) -> None:
+        self.errors = dict(errors)
+        listed = "; ".join(f"{error}" for error in self.errors.values())
+        super().__init__(f"{len(self.errors)} patch(es) not fully reverted, every other one was: {listed}")
+        self.__cause__ = next(iter(self.errors.values()), None)
 
 
 class ForeignWrapperError(PatchkitError):

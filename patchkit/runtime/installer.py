@@ -12,8 +12,8 @@ import importlib.util
 import sys
 from typing import Any, Callable, NamedTuple
 
-from .declaration import Action, Add, Call, Reference, Replace, Target, Wrap
-from .errors import ForeignWrapperError, PatchInstallError, TargetResolutionError
+from .declaration import Action, Add, Call, Reference, Replace, Target
+from .errors import ForeignWrapperError, PatchInstallError, TargetResolutionError, UndoError
 
 _ABSENT = object()
 
@@ -107,12 +107,52 @@ class Registration(NamedTuple):
         self.undo()
 
 
-def _install_one(action: Action, package: str | None) -> list[Installed | Registration]:
+class Prepared(NamedTuple):
+    """An action with its references resolved: everything an install needs, imported already."""
+
+    action: Action
+    #: Replace: the replacement; Wrap: the factory; Add: the value; Call: the install callable.
+    obj: Any
+    #: Call: the uninstall callable; otherwise None.
+    undo: Any = None
+
+
+def _where(action: Action) -> str:
+    return action.after if isinstance(action, Call) else action.target
+
+
+def prepare_all(patch_id: str, actions: tuple[Action, ...], package: str | None) -> list[Prepared]:
+    """Resolve every reference of ``actions``, importing their implementation modules.
+
+    The engine calls this *without* holding its lock: an import can wait for another thread's
+    import, and that thread may be waiting for the engine (its post-import hook). Installing
+    (:func:`install_all`) then only sets attributes. ``TargetResolutionError`` is raised as is;
+    anything else becomes ``PatchInstallError`` naming the action.
+    """
+    prepared = []
+    for action in actions:
+        try:
+            if isinstance(action, Call):
+                prepared.append(Prepared(action, resolve_reference(action.install, package),
+                                         resolve_reference(action.uninstall, package)))
+            elif isinstance(action, Add):
+                prepared.append(Prepared(action, resolve_reference(action.value, package)))
+            elif isinstance(action, Replace):
+                prepared.append(Prepared(action, resolve_reference(action.replacement, package)))
+            else:
+                prepared.append(Prepared(action, resolve_reference(action.factory, package)))
+        except (TargetResolutionError, KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:
+            raise PatchInstallError(patch_id, _where(action), exc) from exc
+    return prepared
+
+
+def _install_one(item: Prepared) -> Installed | Registration:
+    action = item.action
     if isinstance(action, Call):
-        install = resolve_reference(action.install, package)
-        uninstall = resolve_reference(action.uninstall, package)
-        install()
-        return [Registration(f"{action.after}: {getattr(install, '__qualname__', install)}", uninstall)]
+        item.obj()
+        return Registration(f"{action.after}: {getattr(item.obj, '__qualname__', item.obj)}", item.undo)
     (target,) = action.targets
     owner = resolve_owner(target)
     name = target.attribute
@@ -120,44 +160,58 @@ def _install_one(action: Action, package: str | None) -> list[Installed | Regist
     if isinstance(action, Add):
         if current is not _ABSENT:
             raise TargetResolutionError(str(target), "already exists; Add only creates new attributes")
-        new = resolve_reference(action.value, package)
+        new = item.obj
     else:
         if current is _ABSENT:
             raise TargetResolutionError(str(target), f"{name} does not exist on {owner!r}")
         if isinstance(action, Replace):
-            new = _same_binding(current, resolve_reference(action.replacement, package))
+            new = _same_binding(current, item.obj)
         else:
-            assert isinstance(action, Wrap)
-            factory = resolve_reference(action.factory, package)
-            new = _same_binding(current, factory(_unwrapped(current)))
+            new = _same_binding(current, item.obj(_unwrapped(current)))
     previous = owner.__dict__[name] if _owns(owner, name) else _ABSENT
     setattr(owner, name, new)
-    return [Installed(str(target), owner, name, previous, new)]
+    return Installed(str(target), owner, name, previous, new)
 
 
-def install_all(patch_id: str, actions: tuple[Action, ...], package: str | None) -> list[Installed | Registration]:
-    """Install every action or none: on failure, undo what was done, newest first, and raise.
+def install_all(patch_id: str, prepared: list[Prepared]) -> list[Installed | Registration]:
+    """Install every prepared action or none: on failure, undo what was done, newest first, and raise.
 
-    ``TargetResolutionError`` is re-raised as is (the caller reports it as a missing target);
-    anything else becomes ``PatchInstallError`` naming the target.
+    ``TargetResolutionError`` is re-raised as is (the caller reports it as a missing target) when
+    the rollback was complete; anything else, or a rollback that could not undo every step, becomes
+    ``PatchInstallError`` naming the target, with ``leftovers`` holding what is still installed.
     """
     done: list[Installed | Registration] = []
-    for action in actions:
+    for item in prepared:
         try:
-            done.extend(_install_one(action, package))
+            done.append(_install_one(item))
         except BaseException as exc:
-            rollback(done)
-            if isinstance(exc, (TargetResolutionError, KeyboardInterrupt, SystemExit)):
+            failures = rollback(done)
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
-            where = action.after if isinstance(action, Call) else action.target
-            raise PatchInstallError(patch_id, where, exc) from exc
+            if isinstance(exc, TargetResolutionError) and not failures:
+                raise
+            error = PatchInstallError(patch_id, _where(item.action), exc, failures)
+            error.leftovers = list(done)
+            raise error from exc
     return done
 
 
-def rollback(done: list[Installed | Registration]) -> None:
+def rollback(done: list[Installed | Registration]) -> list[tuple[str, BaseException]]:
+    """Undo ``done`` newest first, going on past a step that raises.
+
+    Afterwards ``done`` holds only the steps whose undo raised (still installed), and the result
+    names each with its error: nothing else is left behind, and nothing is lost.
+    """
+    failures: list[tuple[str, BaseException]] = []
+    kept: list[Installed | Registration] = []
     for item in reversed(done):
-        item.restore()
-    done.clear()
+        try:
+            item.restore()
+        except Exception as exc:
+            failures.append((item.target, exc))
+            kept.append(item)
+    done[:] = list(reversed(kept))
+    return failures
 
 
 def uninstall_all(patch_id: str, done: list[Installed | Registration]) -> None:
@@ -165,8 +219,12 @@ def uninstall_all(patch_id: str, done: list[Installed | Registration]) -> None:
 
     If a third party installed something on top of any of them, nothing is touched and
     ``ForeignWrapperError`` names the targets: stripping their wrapper silently would break them.
+    If an undo step raises, the others still run; ``done`` keeps the steps that failed (so a later
+    call retries exactly those) and ``UndoError`` names each.
     """
     foreign = [item.target for item in done if not item.is_outermost()]
     if foreign:
         raise ForeignWrapperError(patch_id, foreign)
-    rollback(done)
+    failures = rollback(done)
+    if failures:
+        raise UndoError(patch_id, failures)

@@ -38,20 +38,24 @@ VARIABLES: Mapping[str, str] = {
 }
 
 _PATTERN_FORM = "comma-separated patch ids or globs, e.g. 'megatron.mtp_postprocess,vllm.*' or '*'"
-_PATTERN = re.compile(r"^[a-z0-9_.*?]+$|^[a-z0-9_.*?]*\[[a-z0-9_.!-]+\][a-z0-9_.*?]*$")
+_PATTERN = re.compile(r"^[a-z0-9_.*?]+$|^[a-z0-9_.*?]*\[[a-z0-9_.!-]+\][a-z0-9_.*?]*$", re.ASCII)
 _TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off", ""})
+_FALSE = frozenset({"0", "false", "no", "off"})
+_BOOL_FORM = "1, true, yes, on, 0, false, no, off"
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 class Settings(NamedTuple):
-    """The toggles in force for one ``apply_all()`` call."""
+    """Every ``PATCHKIT_*`` toggle, parsed: what one ``apply_all()`` call (or autoload) uses."""
 
     enable: tuple[str, ...] | None = None  #: None: no restriction
     disable: tuple[str, ...] = ()
     force: tuple[str, ...] = ()
     strict: bool = False
     log_level: int | None = None
+    autoload: bool = False
+    extra_patches: tuple[str, ...] = ()
+    manifest_dir: str | None = None
 
     def is_enabled(self, patch_id: str, opt_in: bool) -> bool:
         if self.enable is None:
@@ -73,6 +77,16 @@ def is_glob(pattern: str) -> bool:
     return any(ch in pattern for ch in "*?[")
 
 
+def _present(variable: str, value: str | None, accepted: str) -> str | None:
+    """The value to parse, or None for unset/empty (the default). Whitespace alone is no value a
+    person means to give: it is a malformed value, not "unset"."""
+    if value is None or value == "":
+        return None
+    if not value.strip():
+        raise ConfigError(variable, value, accepted, problem="malformed (whitespace only)")
+    return value
+
+
 def parse_patterns(variable: str, value: str | Sequence[str]) -> tuple[str, ...]:
     """Split a comma-separated list of ids/globs (or take a sequence); reject what cannot be one."""
     tokens = [token.strip() for token in (value.split(",") if isinstance(value, str) else value)]
@@ -80,40 +94,67 @@ def parse_patterns(variable: str, value: str | Sequence[str]) -> tuple[str, ...]
     for token in tokens:
         if not token:
             raise ConfigError(variable, shown, _PATTERN_FORM, problem="malformed (empty entry)")
-        if not _PATTERN.match(token) or ".." in token or token.startswith("."):
+        if not _PATTERN.fullmatch(token) or ".." in token or token.startswith("."):
             raise ConfigError(variable, shown, _PATTERN_FORM, problem=f"malformed (bad entry {token!r})")
     return tuple(tokens)
 
 
 def parse_bool(variable: str, value: str) -> bool:
-    lowered = value.strip().lower()
+    """``1/true/yes/on`` or ``0/false/no/off`` (any case, surrounding spaces allowed); "" is false."""
+    present = _present(variable, value, _BOOL_FORM)
+    if present is None:
+        return False
+    lowered = present.strip().lower()
     if lowered in _TRUE:
         return True
     if lowered in _FALSE:
         return False
-    raise ConfigError(variable, value, "1, true, yes, on, 0, false, no, off")
+    raise ConfigError(variable, value, _BOOL_FORM)
 
 
-_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$", re.ASCII)
+_MODULE_FORM = "comma-separated dotted module names, e.g. 'mypkg.patches,other.decl'"
 
 
 def parse_modules(variable: str, value: str) -> tuple[str, ...]:
     """Split a comma-separated list of dotted module names; reject what cannot be one."""
-    tokens = tuple(token.strip() for token in value.split(",")) if value.strip() else ()
+    present = _present(variable, value, _MODULE_FORM)
+    if present is None:
+        return ()
+    tokens = tuple(token.strip() for token in present.split(","))
     for token in tokens:
-        if not _MODULE.match(token):
-            raise ConfigError(variable, value, "comma-separated dotted module names, e.g. 'mypkg.patches,other.decl'",
-                              problem=f"malformed (bad entry {token!r})")
+        if not token:
+            raise ConfigError(variable, value, _MODULE_FORM, problem="malformed (empty entry)")
+        if not _MODULE.fullmatch(token):
+            raise ConfigError(variable, value, _MODULE_FORM, problem=f"malformed (bad entry {token!r})")
     return tokens
 
 
+_LEVEL_FORM = f"{', '.join(_LEVELS)} or an integer 0-50"
+#: ASCII digits only: str.isdigit() and int() also take '²', '１０' and '٣'.
+_LEVEL_NUMBER = re.compile(r"^[0-9]{1,2}$", re.ASCII)
+
+
 def parse_log_level(variable: str, value: str) -> int:
-    text = value.strip().upper()
+    present = _present(variable, value, _LEVEL_FORM)
+    text = (present or "").strip().upper()
     if text in _LEVELS:
         return int(getattr(logging, text))
-    if text.isdigit() and 0 <= int(text) <= 50:
+    if _LEVEL_NUMBER.fullmatch(text) and int(text) <= 50:
         return int(text)
-    raise ConfigError(variable, value, f"{', '.join(_LEVELS)} or an integer 0-50")
+    raise ConfigError(variable, value, _LEVEL_FORM)
+
+
+_FOLDER_FORM = "a folder path, without surrounding whitespace"
+
+
+def parse_folder(variable: str, value: str) -> str | None:
+    """A folder path as given; None if unset. Surrounding whitespace is refused, not stripped: a
+    folder named ' logs' is never what was meant."""
+    present = _present(variable, value, _FOLDER_FORM)
+    if present is not None and (present != present.strip() or "\0" in present):
+        raise ConfigError(variable, value, _FOLDER_FORM)
+    return present
 
 
 def from_environment(
@@ -124,7 +165,9 @@ def from_environment(
     force: Sequence[str] | str | None = None,
     strict: bool | None = None,
 ) -> Settings:
-    """Build the settings: explicit arguments win over the environment, which wins over defaults.
+    """Parse every ``PATCHKIT_*`` variable: explicit arguments win over the environment, which wins
+    over the defaults. The one parser of these variables: the engine, autoload, the launcher and the
+    CLI all read them here.
 
     Raises ``ConfigError`` naming the variable and the accepted forms for a malformed value.
     """
@@ -133,8 +176,8 @@ def from_environment(
     def patterns(variable: str, explicit: Sequence[str] | str | None) -> tuple[str, ...] | None:
         if explicit is not None:
             return parse_patterns(f"argument {variable.removeprefix('PATCHKIT_').lower()}", explicit)
-        raw = env.get(variable)
-        return None if raw is None or not raw.strip() else parse_patterns(variable, raw)
+        raw = _present(variable, env.get(variable), _PATTERN_FORM)
+        return None if raw is None else parse_patterns(variable, raw)
 
     raw_level = env.get(LOG_LEVEL)
     return Settings(
@@ -142,8 +185,24 @@ def from_environment(
         disable=patterns(DISABLE, disable) or (),
         force=patterns(FORCE, force) or (),
         strict=strict if strict is not None else parse_bool(STRICT, env.get(STRICT, "")),
-        log_level=None if raw_level is None or not raw_level.strip() else parse_log_level(LOG_LEVEL, raw_level),
+        log_level=None if raw_level is None or raw_level == "" else parse_log_level(LOG_LEVEL, raw_level),
+        autoload=parse_bool(AUTOLOAD, env.get(AUTOLOAD, "")),
+        extra_patches=parse_modules(EXTRA_PATCHES, env.get(EXTRA_PATCHES, "")),
+        manifest_dir=parse_folder(MANIFEST_DIR, env.get(MANIFEST_DIR, "")),
     )
+
+
+def strict_requested(environ: Mapping[str, str] | None = None, explicit: bool | None = None) -> bool:
+    """Whether strict mode is asked for: the argument, else ``PATCHKIT_STRICT``. A malformed
+    ``PATCHKIT_STRICT`` cannot ask for strictness: it counts as off (and is reported as a config error
+    by whoever parses the settings)."""
+    if explicit is not None:
+        return explicit
+    env = os.environ if environ is None else environ
+    try:
+        return parse_bool(STRICT, env.get(STRICT, ""))
+    except ConfigError:
+        return False
 
 
 def check_known(settings: Settings, known_ids: Sequence[str]) -> list[str]:

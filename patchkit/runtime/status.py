@@ -49,6 +49,8 @@ class PatchStatus(NamedTuple):
     versions: Mapping[str, str | None] = MappingProxyType({})
     error: str | None = None
     targets: tuple[str, ...] = ()
+    #: For a pending patch, the modules whose import it waits for.
+    waiting_for: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -60,4 +62,5 @@ class PatchStatus(NamedTuple):
             "versions": dict(self.versions),
             "error": self.error,
             "targets": list(self.targets),
+            "waiting_for": list(self.waiting_for),
         }

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 
-from patchkit import ConfigError, Patch, Reason, Replace, State, UnknownPatchError, Variant
+from patchkit import ConfigError, Patch, PatchkitWarning, Reason, Replace, State, UnknownPatchError, Variant
 from patchkit.runtime import settings
 
 
@@ -40,6 +45,19 @@ MALFORMED = [
     ("PATCHKIT_STRICT", "maybe", "accepted: 1, true"),
     ("PATCHKIT_STRICT", "2", "accepted: 1, true"),
     ("PATCHKIT_DISABLE", "tóy.forward", "bad entry"),
+    ("PATCHKIT_DISABLE", "   ", "whitespace only"),
+    ("PATCHKIT_ENABLE", "\t", "whitespace only"),
+    ("PATCHKIT_STRICT", " ", "whitespace only"),
+    ("PATCHKIT_LOG_LEVEL", "\u00b2", "accepted: DEBUG"),  # '²': str.isdigit() says yes, int() raises
+    ("PATCHKIT_LOG_LEVEL", "\uff11\uff10", "accepted: DEBUG"),  # full-width '１０': int() reads 10
+    ("PATCHKIT_LOG_LEVEL", "\u0663", "accepted: DEBUG"),  # Arabic-Indic '٣': int() reads 3
+    ("PATCHKIT_LOG_LEVEL", "51", "accepted: DEBUG"),
+    ("PATCHKIT_LOG_LEVEL", " ", "whitespace only"),
+    ("PATCHKIT_EXTRA_PATCHES", "a,,b", "empty entry"),
+    ("PATCHKIT_EXTRA_PATCHES", "a/b", "bad entry"),
+    ("PATCHKIT_AUTOLOAD", "maybe", "accepted: 1, true"),
+    ("PATCHKIT_MANIFEST_DIR", " ", "whitespace only"),
+    ("PATCHKIT_MANIFEST_DIR", " logs", "without surrounding whitespace"),
 ]
 
 UNKNOWN = [
@@ -54,7 +72,8 @@ def test_malformed_value_applies_nothing_and_names_the_variable(toy, monkeypatch
     engine, core = toy
     monkeypatch.setenv(variable, value)
     original = core.Model.__dict__["forward"]
-    records = engine.apply_all()  # no exception: the host process carries on
+    with pytest.warns(PatchkitWarning, match=variable):
+        records = engine.apply_all()  # no exception: the host process carries on
     assert {r.state for r in records} == {State.SKIPPED}
     assert {r.reason for r in records} == {Reason.CONFIG_ERROR}
     assert variable in records[0].detail and problem in records[0].detail and "accepted" in records[0].detail
@@ -81,7 +100,8 @@ def test_malformed_value_raises_in_strict_mode(toy, monkeypatch, variable, value
 def test_unknown_id_suggests_the_closest(toy, monkeypatch, variable, value, suggestion):
     engine, core = toy
     monkeypatch.setenv(variable, value)
-    records = engine.apply_all()
+    with pytest.warns(PatchkitWarning, match="did you mean" if suggestion else variable):
+        records = engine.apply_all()
     assert {r.reason for r in records} == {Reason.CONFIG_ERROR}
     if suggestion:
         assert f"did you mean {suggestion}" in records[0].detail
@@ -130,3 +150,68 @@ def test_disable_env_wins_over_explicit_apply(toy, monkeypatch):
     monkeypatch.setenv("PATCHKIT_DISABLE", "toy.forward")
     (record,) = engine.apply("toy.forward")
     assert record.reason is Reason.DISABLED
+
+
+@pytest.mark.parametrize("variable, value, problem", MALFORMED)
+def test_every_variable_has_one_parser_with_one_typed_error(variable, value, problem):
+    with pytest.raises(ConfigError, match=problem) as raised:
+        settings.from_environment({variable: value})
+    assert raised.value.variable == variable
+
+
+@pytest.mark.parametrize("value, level", [("debug", 10), (" WARNING ", 30), ("0", 0), ("50", 50), ("", None)])
+def test_log_level_accepts_names_and_ascii_numbers(value, level):
+    assert settings.from_environment({"PATCHKIT_LOG_LEVEL": value}).log_level == level
+
+
+@pytest.mark.parametrize("variable, value", [("PATCHKIT_DISABLE", "toy..forward"), ("PATCHKIT_STRICT", "maybe"),
+                                             ("PATCHKIT_LOG_LEVEL", "\u00b2")])
+def test_apply_by_id_with_a_malformed_variable_records_config_error_unless_strict(toy, monkeypatch, variable, value):
+    engine, core = toy
+    monkeypatch.setenv(variable, value)
+    with pytest.warns(PatchkitWarning, match=variable):
+        (record,) = engine.apply("toy.forward")
+    assert (record.state, record.reason) == (State.SKIPPED, Reason.CONFIG_ERROR) and variable in record.detail
+    if variable != "PATCHKIT_STRICT":
+        with pytest.raises(ConfigError, match=variable):
+            engine.apply("toy.forward", strict=True)
+
+
+def test_apply_with_an_unknown_explicit_id_still_raises(toy):
+    engine, core = toy
+    with pytest.raises(UnknownPatchError, match="toy.forwrd"):
+        engine.apply("toy.forwrd")
+
+
+def _python(code: str, **env: str) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("PATCHKIT_")}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**clean, **env})
+
+
+def test_malformed_extra_patches_gives_config_error_records_and_a_running_host():
+    code = ("import json, patchkit; records = patchkit.apply_all();"
+            "print(json.dumps(sorted({(r.state.value, r.reason.value if r.reason else None) for r in records})))")
+    result = _python(code, PATCHKIT_EXTRA_PATCHES="a,,b")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == [["skipped", "config_error"]]
+    strict = _python(code, PATCHKIT_EXTRA_PATCHES="a,,b", PATCHKIT_STRICT="1")
+    assert strict.returncode == 1 and "ConfigError: PATCHKIT_EXTRA_PATCHES='a,,b'" in strict.stderr
+
+
+@pytest.mark.parametrize("variable, value", [("PATCHKIT_DISABLE", "megatron.mtp_postproces"),
+                                             ("PATCHKIT_STRICT", "ture")])
+def test_a_typo_that_disables_patches_is_shown_once_without_any_logging_configured(variable, value):
+    code = "import patchkit; patchkit.apply_all(); patchkit.apply_all(); print('host ran')"
+    result = _python(code, **{variable: value})
+    assert result.returncode == 0 and result.stdout.strip() == "host ran"
+    lines = [line for line in result.stderr.splitlines() if "PatchkitWarning" in line]
+    assert len(lines) == 1, result.stderr
+    assert f"nothing applied: {variable}={value!r}" in lines[0] and lines[0].startswith("<string>:1:")
+
+
+def test_the_config_warning_can_be_filtered_by_category():
+    code = ("import warnings, patchkit; warnings.filterwarnings('ignore', category=patchkit.PatchkitWarning);"
+            "patchkit.apply_all()")
+    result = _python(code, PATCHKIT_DISABLE="megatron/mtp")
+    assert result.returncode == 0 and result.stderr == ""

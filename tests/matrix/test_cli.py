@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from patchkit.cli import main
 
@@ -41,3 +44,73 @@ def test_the_command_line_entry_point_lists_the_matrix_commands() -> None:
     assert result.returncode == 0
     for command in ("check", "record", "static", "table"):
         assert command in result.stdout
+
+
+def _check(path: str) -> subprocess.CompletedProcess:
+    # A fresh interpreter: a composer that overflows the C stack kills the process, not a test.
+    return subprocess.run([sys.executable, "-m", "patchkit", "matrix", "check", "--matrix", path],
+                          capture_output=True, text=True, timeout=120)
+
+
+def _cases(tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    base = "environments:\n  e:\n    install: []\n    tests: [t]\n"
+    cases = {
+        "hex int": ("schema: 0x1\n" + base, ":1:9: schema: expected 1"),
+        "base-60 int": ("schema: 1:00\n" + base, ":1:9: schema: expected 1"),
+        "binary int": ("schema: 0b1\n" + base, ":1:9: schema: expected 1"),
+        "latin-1 byte": (b"schema: 1\n" + base.encode() + b"    description: caf\xe9\n", ":6:21: the file: "
+                         "expected UTF-8 text, found the byte b'\\xe9'"),
+        "nested lists": ("[" * 50_000 + "]" * 50_000 + "\n", ":1:65: the file: expected at most 64 nested"),
+    }
+    made = {}
+    for name, (content, expected) in cases.items():
+        path = tmp_path / f"{name.replace(' ', '-')}.yaml"
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+        made[name] = (path, expected)
+    return made
+
+
+@pytest.mark.parametrize("case", ["hex int", "base-60 int", "binary int", "latin-1 byte", "nested lists"])
+def test_odd_matrix_files_are_matrix_errors_with_a_position_and_exit_2(tmp_path: Path, case: str) -> None:
+    path, expected = _cases(tmp_path)[case]
+    result = _check(str(path))
+    assert result.returncode == 2, result.stderr
+    assert f"{path}{expected}" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(("make", "found"), [
+    (lambda tmp: tmp / "missing.yaml", "found no such file"),
+    (lambda tmp: tmp, "found a directory"),
+])
+def test_a_missing_matrix_or_a_directory_is_a_matrix_error_exit_2(tmp_path: Path, make, found) -> None:
+    path = make(tmp_path)
+    result = _check(str(path))
+    assert result.returncode == 2, result.stderr
+    assert f"{path}:1:1: the file: expected a readable YAML file, {found}" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_deep_matrix_is_refused_before_it_is_composed_in_process(tmp_path: Path) -> None:
+    from patchkit.matrix import MatrixError, load
+
+    path = tmp_path / "deep.yaml"
+    path.write_text("- " * 50_000 + "x\n")  # block lists, nested on one line
+    with pytest.raises(MatrixError, match="at most 64 nested"):
+        load(path)
+
+
+def test_strict_mode_gets_a_matrix_error_from_a_malformed_matrix(tmp_path: Path, make_dist) -> None:
+    from patchkit import Engine, Patch, Replace, Variant
+    from patchkit.matrix import MatrixError
+
+    dist = make_dist()
+    path = tmp_path / "bad.yaml"
+    path.write_text("schema: 0x1\nenvironments: {}\n")
+    engine = Engine(matrix=path)
+    engine.register(Patch(id="toy.forward", summary="s", why="w", upstream="u", removal="r",
+                          variants=(Variant(requires={dist.name: ">=1"},
+                                            installs=(Replace(dist.target("Model.forward"), print),)),)))
+    importlib.import_module(dist.core)
+    with pytest.raises(MatrixError, match="schema"):
+        engine.apply_all(strict=True)
+    engine.revert_all()

@@ -97,6 +97,32 @@ def test_a_valid_record_reads_back_as_data() -> None:
     assert record.position is not None and record.position.line == 9
 
 
+@pytest.mark.parametrize("text", ["schema: 0x1\nenvironments: {}\n", "schema: 1:00\nenvironments: {}\n",
+                                  "schema: 0o1\nenvironments: {}\n", "schema: 1_0\nenvironments: {}\n"])
+def test_yaml_1_1_integers_are_reported_never_converted(text):
+    with pytest.raises(MatrixError) as raised:
+        parse(text, "m.yaml")
+    (problem,) = raised.value.problems
+    assert (problem.position.line, problem.position.column, problem.where) == (1, 9, "schema")
+
+
+def test_anchors_and_aliases_still_compose():
+    text = GOOD_ENV + "  other:\n    install: &steps [[torch==2.13.0]]\n    tests: [t]\n  third:\n" \
+                      "    install: *steps\n    tests: [t]\n"
+    matrix = parse(text, "m.yaml")
+    assert matrix.environments["third"].install == matrix.environments["other"].install == (("torch==2.13.0",),)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("a: *nowhere\n", "undefined alias"),
+    ("schema: 1\n---\nschema: 1\n", "another document"),
+    ("schema: \x07\n", "character"),
+])
+def test_composer_errors_are_matrix_errors_with_positions(text, expected):
+    with pytest.raises(MatrixError, match=expected):
+        parse(text, "m.yaml")
+
+
 def test_an_environment_runs_on_the_python_it_names_and_on_3_11_otherwise():
     matrix = parse(GOOD_ENV + '  mcore:\n    python: "3.12"\n    install: []\n    tests: [t]\n', "m.yaml")
     assert matrix.environments["mcore"].python == "3.12"

@@ -132,3 +132,35 @@ def test_the_grid_check_rejects_weights_that_are_not_fp4():
     off_grid[3] = off_grid[11] = 0.37 * 2.5  # 1.5 replaced by 2.5, not an E2M1 value
     with pytest.raises(AssertionError, match="off the E2M1 grid"):
         assert_blocks_on_fp4_grid(off_grid[None], off_grid[None])
+
+
+@pytest.mark.parametrize(
+    "ignore",
+    [["*self_attn*"], ["*self_attention*"], ["model.layers.*.self_attn"], ["decoder.layers.*.self_attention"]],
+)
+def test_hf_and_megatron_ignore_forms_leave_the_same_modules_unquantized(tiny_moe_gpt, cpu_backend, ignore):
+    model = tiny_moe_gpt()
+    apply_qat(model, ignore=ignore)
+    assert _quantizers(model, "weight_quantizer", True) == _decoder(*EXPERTS)
+
+
+def test_verl_ignore_forms_match_the_model_without_warnings(tiny_moe_gpt, cpu_backend, caplog):
+    model = tiny_moe_gpt()
+    with caplog.at_level(logging.WARNING, logger="patchkit"):
+        apply_qat(model, "w4a16", ignore_patterns=["*output_layer*", "*router*"], strict_ignore=True)
+    assert not [r for r in caplog.records if "matches no module" in r.getMessage()]
+    assert _quantizers(model, "weight_quantizer", True) == _decoder(*LINEARS, *EXPERTS)
+
+
+def test_a_single_module_comes_back_as_itself_and_a_list_as_the_same_list(tiny_moe_gpt, cpu_backend):
+    model = tiny_moe_gpt()
+    assert apply_qat(model) is model
+    chunks = [tiny_moe_gpt(seed=1)]
+    assert apply_qat(chunks) is chunks
+
+
+def test_the_same_model_twice_in_the_chunks_is_refused(tiny_moe_gpt, cpu_backend):
+    model = tiny_moe_gpt()
+    with pytest.raises(QATConfigError, match="the same model appears twice"):
+        apply_qat([model, model])
+    assert not any(isinstance(m, TensorQuantizer) for m in model.modules())

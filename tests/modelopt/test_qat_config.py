@@ -102,3 +102,37 @@ def test_cpu_backend_selected_only_while_its_patch_is_applied(cpu_backend):
 def test_without_the_patch_modelopts_kernel_is_used():
     entries = _entries(build_qat_config()["quant_cfg"])
     assert "backend" not in dict(entries)["*weight_quantizer"]
+
+
+@pytest.mark.parametrize("alias", ["w4a16", "W4A16", "W4A16_NVFP4_CFG", "nvfp4-w4a16", " w4a16_nvfp4 "])
+def test_framework_and_modelopt_mode_names_are_aliases(alias):
+    assert build_qat_config(alias, backend=None) == build_qat_config("w4a16_nvfp4", backend=None)
+
+
+def test_unknown_mode_lists_the_modes_and_aliases():
+    with pytest.raises(QATConfigError, match=r"'w4a4'; supported: w4a16_nvfp4, w4a16, nvfp4_w4a16, W4A16_NVFP4_CFG"):
+        build_qat_config("w4a4")
+    with pytest.raises(QATConfigError, match="unsupported QAT mode: 'None'"):
+        build_qat_config(None)
+
+
+def test_verl_keyword_and_forms_give_the_same_config():
+    verl = build_qat_config("w4a16", ignore_patterns=["*output_layer*", "*router*"], backend=None)
+    ours = build_qat_config("w4a16_nvfp4", ["*output_layer*", "*router*"], backend=None)
+    assert verl == ours
+    assert build_qat_config("w4a16", ignore_patterns=None, backend=None) == build_qat_config(backend=None)
+    with pytest.raises(TypeError, match="not both"):
+        build_qat_config(ignore=["a"], ignore_patterns=["b"])
+
+
+def test_hf_megatron_and_verl_ignore_forms_map_as_documented():
+    assert hf_patterns_to_megatron(["*output_layer*", "*router*", "lm_head", "*mlp.gate", "*mlp.gate.",
+                                    "decoder.layers.0.mlp", "output_layer"]) == {
+        "*output_layer*": "*output_layer*",
+        "*router*": "*router*",
+        "lm_head": "output_layer.*",
+        "*mlp.gate": "*mlp.router.*",
+        "*mlp.gate.": "*mlp.router.*",
+        "decoder.layers.0.mlp": "decoder.layers.0.mlp.*",
+        "output_layer": "output_layer.*",
+    }

@@ -88,6 +88,31 @@ TOY_FILES = {
 
         PATCHES = (FIRST[0]._replace(summary="a different toy.forward"),)
     """,
+    # A declaration module with a module-level argparse: SystemExit(2) while autoload imports it.
+    "pkproc_toy/exiting.py": """
+        import argparse
+
+        argparse.ArgumentParser(prog="exiting").parse_args(["--not-an-option"])
+        PATCHES = ()
+    """,
+    # An extra-patches package whose __init__ calls autoload.load() itself, while autoload imports it.
+    "pkproc_reentrant/__init__.py": """
+        import patchkit.processes.autoload as autoload
+
+        INNER_OUTCOME = autoload.load()
+    """,
+    "pkproc_reentrant/patches.py": """
+        from patchkit import Patch, Replace, Variant
+
+        PATCHES = (
+            Patch(
+                id="toy.forward", summary="adds 1000", why="the toy patch, declared from a re-entrant package",
+                upstream="tests/procs/conftest.py", removal="never",
+                variants=(Variant(requires={"pkproc-toy": ">=1"},
+                                  installs=(Replace("pkproc_toy.core:Model.forward", "pkproc_toy._impl:forward"),)),),
+            ),
+        )
+    """,
     "pkproc_toy-1.0.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: pkproc-toy\nVersion: 1.0.0\n",
 }
 

@@ -51,6 +51,9 @@ def test_autoload_does_not_import_torch(toy):
     ({**AUTOLOAD, "PATCHKIT_EXTRA_PATCHES": "pkproc_toy.nosuch,pkproc_toy.patches"}, "pkproc_toy.nosuch"),
     ({**AUTOLOAD, "PATCHKIT_EXTRA_PATCHES": "pkproc_toy.failing"}, "toy patch exploded at start-up"),
     ({**AUTOLOAD, "PATCHKIT_EXTRA_PATCHES": "pkproc_toy.patches,pkproc_toy.clash"}, "already registered: toy.forward"),
+    ({**AUTOLOAD, "PATCHKIT_EXTRA_PATCHES": "pkproc_toy.exiting,pkproc_toy.patches"}, "SystemExit(2)"),
+    ({**AUTOLOAD, "PATCHKIT_LOG_LEVEL": "\u00b2"}, "PATCHKIT_LOG_LEVEL='\u00b2'"),
+    ({**AUTOLOAD, "PATCHKIT_EXTRA_PATCHES": "pkproc_toy.patches,,x"}, "(empty entry)"),
 ])
 def test_a_bad_value_or_a_failing_patch_is_reported_and_the_interpreter_starts(toy, variables, named):
     code = ("import json, patchkit.processes.autoload as a; print('user code ran'); "
@@ -81,6 +84,8 @@ def test_the_good_extra_module_still_applies_next_to_a_missing_one(toy):
 
 
 @pytest.mark.parametrize("variables", [
+    {**AUTOLOAD, "PATCHKIT_EXTRA_PATCHES": "pkproc_toy.exiting"},
+    {**AUTOLOAD, "PATCHKIT_EXTRA_PATCHES": "pkproc_toy.patches,,x"},
     {**AUTOLOAD, "PATCHKIT_EXTRA_PATCHES": "pkproc_toy.failing"},
     {**AUTOLOAD, "PATCHKIT_EXTRA_PATCHES": "pkproc_toy.nosuch"},
     {**AUTOLOAD, "PATCHKIT_DISABLE": "toy forward!"},
@@ -175,3 +180,55 @@ def test_the_manifest_is_written_at_start_up_and_again_at_exit(toy, tmp_path, en
     (written,) = folder.glob(f"*-{result.stdout.strip()}.json")
     entry = toy_entry(json.loads(written.read_text()))
     assert entry["state"] == state
+
+
+def test_a_declaration_module_that_exits_does_not_kill_the_interpreter(toy):
+    result = toy.python(REPORT, PATCHKIT_AUTOLOAD="1", PATCHKIT_EXTRA_PATCHES="pkproc_toy.exiting,pkproc_toy.patches")
+    assert result.returncode == 0, result.stderr
+    assert "Fatal Python error" not in result.stderr
+    report = json.loads(result.stdout)
+    assert report["forward"] == 1001  # the other extra module still applied
+    assert any("pkproc_toy.exiting" in p and "SystemExit(2)" in p for p in report["manifest"]["autoload"]["problems"])
+
+
+def test_load_called_again_from_an_extra_package_init_does_not_hang(toy):
+    code = ("import json, pkproc_reentrant as r, patchkit.processes.autoload as a;"
+            "print(json.dumps({'inner': r.INNER_OUTCOME.to_dict(), 'outer': a.outcome().to_dict()}))\n" + REPORT)
+    result = toy.python(code, timeout=60, PATCHKIT_AUTOLOAD="1", PATCHKIT_EXTRA_PATCHES="pkproc_reentrant.patches")
+    assert result.returncode == 0, result.stderr
+    first, second = result.stdout.splitlines()
+    seen = json.loads(first)
+    assert seen["inner"]["ran"] is False and "already running in this thread" in seen["inner"]["skipped"]
+    assert seen["outer"]["ran"] is True and seen["outer"]["problems"] == []
+    assert json.loads(second)["forward"] == 1001
+
+
+def test_load_called_again_by_a_driver_from_an_extra_package_init_does_not_hang(toy):
+    code = ("import json, patchkit.processes.autoload as a; o = a.load();"
+            "import pkproc_reentrant as r; print(json.dumps([o.ran, r.INNER_OUTCOME.ran]))")
+    result = toy.python(code, timeout=60, PATCHKIT_EXTRA_PATCHES="pkproc_reentrant.patches")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == [True, False]
+
+
+@pytest.mark.parametrize(("command", "status", "says"), [
+    ("not-executable", 126, "Permission denied"),
+    ("a-directory", 126, "is a directory"),
+    ("", 127, "command not found: ''"),
+])
+def test_patchkit_run_reports_a_command_it_cannot_start_in_one_line_like_a_shell(tmp_path, command, status, says):
+    (tmp_path / "not-executable").write_text("#!/bin/sh\necho hi\n")
+    (tmp_path / "a-directory").mkdir()
+    argv = [str(tmp_path / command)] if command else [""]
+    result = subprocess.run([sys.executable, "-m", "patchkit", "run", "--", *argv], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == status, result.stderr
+    assert says in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_a_malformed_manifest_dir_creates_nothing_and_is_reported(toy, tmp_path):
+    result = toy.python("print('user code ran')", PATCHKIT_MANIFEST_DIR=" logs", **AUTOLOAD)
+    assert result.returncode == 0 and result.stdout.strip() == "user code ran"
+    assert "PATCHKIT_MANIFEST_DIR=' logs'" in result.stderr
+    assert not (toy.site / " logs").exists()

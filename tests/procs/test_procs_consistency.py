@@ -8,8 +8,8 @@ import json
 import pytest
 
 from patchkit import PatchStatus, Reason, State
-from patchkit.processes.consistency import ManifestMismatchError, check, check_files, compare, main
-from patchkit.processes.manifest import FINGERPRINTERS, Manifest, collect
+from patchkit.processes.consistency import EXIT_UNREADABLE, ManifestMismatchError, check, check_files, compare, main
+from patchkit.processes.manifest import FINGERPRINTERS, Manifest, ManifestError, collect
 
 APPLIED = PatchStatus("toy.forward", State.APPLIED, variant="v1", versions={"pkproc-toy": "1.0.0"})
 PENDING = PatchStatus("toy.forward", State.PENDING, variant="v1", versions={"pkproc-toy": "1.0.0"})
@@ -108,3 +108,43 @@ def test_a_manifest_of_another_schema_is_refused():
     data["schema"] = 99
     with pytest.raises(ValueError, match="schema 99"):
         Manifest.from_dict(data)
+
+
+def test_pending_although_its_module_is_imported_is_a_difference_named_as_such():
+    # "json" stands for a target module this process has imported: the patch will never install.
+    stuck = PatchStatus("toy.forward", State.PENDING, variant="v1", versions={"pkproc-toy": "1.0.0"},
+                        waiting_for=("json",))
+    waiting = PatchStatus("toy.forward", State.PENDING, variant="v1", versions={"pkproc-toy": "1.0.0"},
+                          waiting_for=("pkproc_toy_never_imported.core",))
+    assert compare(ranks([APPLIED], [waiting])).ok  # not imported there yet: installs at that import
+    report = compare(ranks([APPLIED], [APPLIED], [stuck]))
+    (difference,) = report.differences
+    assert (difference.process, difference.field, difference.found) == ("rank 2", "state", "pending")
+    assert "pending although json is imported in this process" in report.render()
+    # ...and it survives the trip through a manifest file.
+    data = ranks([stuck])[0].to_dict()
+    assert Manifest.from_dict(data).entries[0].imported_while_pending == ("json",)
+
+
+@pytest.mark.parametrize(("content", "problem"), [
+    ('{"schema": 1, "patches": [', "invalid JSON at line 1"),
+    ("", "empty"),
+    ("[1, 2]", "expected a JSON object, found list"),
+    ('{"schema": 1, "process": {}}', "expected 'patches'"),
+    ('{"schema": 1, "patches": [{"state": "applied"}]}', "expected 'patches'"),
+    ('{"schema": 7, "patches": []}', "schema 7"),
+])
+def test_a_bad_manifest_in_a_folder_is_named_with_its_own_exit_status(tmp_path, caplog, content, problem):
+    folder = tmp_path / "manifests"
+    ranks([APPLIED])[0].write(folder / "good.json")
+    (folder / "bad.json").write_text(content)
+    with pytest.raises(ManifestError) as raised:
+        check_files([folder])
+    assert raised.value.path == str(folder / "bad.json") and problem in str(raised.value)
+    assert main([str(folder)]) == EXIT_UNREADABLE == 2
+    assert str(folder / "bad.json") in caplog.text and problem in caplog.text
+
+
+def test_no_manifest_files_is_the_unreadable_exit_status(tmp_path):
+    (tmp_path / "empty").mkdir()
+    assert main([str(tmp_path / "empty")]) == EXIT_UNREADABLE

@@ -1,5 +1,13 @@
-"""The NVFP4 checkpoint helpers the tests and the vLLM self-check share: ``patchkit.patches.vllm._nvfp4_checkpoint``."""
+"""NVFP4 helpers for tests/vllm.
 
+The checkpoint helpers are shared with the vLLM self-check and live in
+``patchkit.patches.vllm._nvfp4_checkpoint`` (re-exported here); the dummy-start and bit-exact helpers
+below are the tests' own.
+"""
+
+from __future__ import annotations
+
+import torch
 from patchkit.patches.vllm._nvfp4_checkpoint import (  # noqa: F401
     BLOCK,
     DOWN,
@@ -23,5 +31,37 @@ from patchkit.patches.vllm._nvfp4_checkpoint import (  # noqa: F401
 __all__ = [
     "BLOCK", "DOWN", "E2M1_VALUES", "UP", "TwoLinears", "assert_serves", "dequantize", "exact_activations",
     "export_nvfp4", "items", "linear_checkpoint", "linear_reference", "loaded_model", "process_weights_after_loading",
-    "random_nvfp4", "weights_a", "weights_b",
+    "random_nvfp4", "weights_a", "weights_b", "dummy_started", "bits", "kernel_state", "assert_same_kernel_state",
 ]
+
+
+# --- a dummy start and bit-exact comparison ------------------------------------------------------
+
+
+def dummy_started(model: torch.nn.Module, vllm_config: object) -> torch.nn.Module:
+    """What ``LLM(..., load_format="dummy")`` does to the model: vLLM's dummy loader, then processing."""
+    from vllm.config import LoadConfig
+    from vllm.model_executor.model_loader.dummy_loader import DummyModelLoader
+
+    DummyModelLoader(LoadConfig(load_format="dummy")).load_weights(model, vllm_config.model_config)
+    process_weights_after_loading(model)
+    return model
+
+
+def bits(tensor: torch.Tensor) -> torch.Tensor:
+    """The bytes of a tensor of any dtype and rank, for bit-exact comparison (NaN included)."""
+    return tensor.detach().reshape(-1).view(torch.uint8)
+
+
+def kernel_state(model: torch.nn.Module) -> dict[str, tuple[int, torch.Tensor]]:
+    """Every parameter and buffer: data pointer and a copy of its bytes."""
+    tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    return {name: (t.data_ptr(), t.detach().clone()) for name, t in tensors.items()}
+
+
+def assert_same_kernel_state(model: torch.nn.Module, before: dict[str, tuple[int, torch.Tensor]]) -> None:
+    after = kernel_state(model)
+    assert after.keys() == before.keys()
+    for name, (ptr, data) in before.items():
+        assert after[name][0] == ptr, name
+        assert torch.equal(bits(after[name][1]), bits(data)), name

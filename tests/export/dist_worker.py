@@ -1,0 +1,74 @@
+"""One rank of a gloo job that exports a parallel QAT model and compares it with the single-rank export.
+
+The parent test exports the same weights at TP=EP=PP=1 and saves ``reference.pt`` (the full
+parameters and the exported ``(name, tensor)`` list). Each rank here builds its part of the model
+for the layout it is given, loads its shard of those weights, applies QAT (the CPU fake-quant
+backend), exports, and writes ``rank<r>.json``: the names in order and any tensor that differs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def run(rank: int, world_size: int, port: int, out_dir: str, layout: dict, moe: bool, dtype_name: str) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "megatron"))
+    import torch
+    from cpu_harness import cpu_megatron
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        from megatron.core.transformer.moe import moe_utils
+
+        if not hasattr(moe_utils, "te_general_gemm"):
+            moe_utils.te_general_gemm = None
+        from export_models import build_gpt, load_shard, qat
+        from patchkit.patches.modelopt.qat import export_qat_config, export_qat_weights
+
+        import patchkit
+
+        dtype = getattr(torch, dtype_name)
+        reference = torch.load(Path(out_dir, "reference.pt"), weights_only=True)
+        with cpu_megatron(), patchkit.applied("modelopt.nvfp4_cpu_fake_quant"):
+            parallel_state.initialize_model_parallel(
+                tensor_model_parallel_size=layout.get("tp", 1),
+                pipeline_model_parallel_size=layout.get("pp", 1),
+                expert_model_parallel_size=layout.get("ep", 1),
+            )
+            model_parallel_cuda_manual_seed(1234)
+            overrides = dict(
+                tensor_model_parallel_size=layout.get("tp", 1),
+                pipeline_model_parallel_size=layout.get("pp", 1),
+                expert_model_parallel_size=layout.get("ep", 1),
+            )
+            if layout.get("pp", 1) > 1:
+                overrides["pipeline_dtype"] = dtype
+            model = build_gpt(moe, dtype=dtype, **overrides)
+            load_shard(model, reference["state"])
+            model = qat(model)
+            exported = list(export_qat_weights([model]))
+            config = export_qat_config([model])
+            parallel_state.destroy_model_parallel()
+        expected = reference["exported"]
+        names = [name for name, _ in exported]
+        differ = []
+        for (name, tensor), (ref_name, ref_tensor) in zip(exported, expected, strict=False):
+            if name != ref_name:
+                continue
+            same = tensor.dtype == ref_tensor.dtype and tensor.shape == ref_tensor.shape and torch.equal(
+                tensor.view(torch.uint8) if tensor.dtype == torch.float8_e4m3fn else tensor,
+                ref_tensor.view(torch.uint8) if ref_tensor.dtype == torch.float8_e4m3fn else ref_tensor,
+            )
+            if not same:
+                differ.append(name)
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(
+            {"names": names, "differ": differ, "config": config["hf_quant_config"]["quantization"]}))
+    finally:
+        torch.distributed.destroy_process_group()

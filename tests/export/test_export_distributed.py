@@ -1,0 +1,52 @@
+"""TP=2, EP=2 and PP=2 with real gloo ranks export the same names and tensors as TP=EP=PP=1.
+
+The single-rank export of the same weights is the reference; every rank of the parallel job must
+yield exactly its names, in its order, with bit-identical tensors (``dist_worker``). Each layout
+runs in fresh processes (forkserver), two ranks on CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from export_models import build_gpt, full_state, qat
+from patchkit.patches.modelopt.qat import export_qat_config, export_qat_weights
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "megatron"))
+from cpu_harness import free_port  # noqa: E402
+
+LAYOUTS = [
+    pytest.param({"tp": 2}, True, id="tp2-moe"),
+    pytest.param({"tp": 2}, False, id="tp2-dense"),
+    pytest.param({"ep": 2}, True, id="ep2-moe"),
+    pytest.param({"pp": 2}, True, id="pp2-moe"),
+]
+
+
+@pytest.mark.parametrize("layout,moe", LAYOUTS)
+def test_parallel_export_equals_single_rank_export(megatron_cpu, cpu_backend, tmp_path, layout, moe):
+    import dist_worker
+
+    dtype = torch.bfloat16
+    model = build_gpt(moe, dtype=dtype, seed=11)
+    state = full_state(model)
+    model = qat(model)
+    exported = list(export_qat_weights([model]))
+    reference_config = export_qat_config([model])["hf_quant_config"]["quantization"]
+    torch.save({"state": state, "exported": exported}, tmp_path / "reference.pt")
+
+    multiprocessing.get_context("forkserver")
+    mp.spawn(dist_worker.run, args=(2, free_port(), str(tmp_path), layout, moe, "bfloat16"), nprocs=2,
+             join=True, start_method="forkserver")
+    names = [name for name, _ in exported]
+    for rank in range(2):
+        result = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert result["names"] == names, (rank, set(result["names"]) ^ set(names))
+        assert result["differ"] == [], (rank, result["differ"])
+        assert result["config"] == reference_config

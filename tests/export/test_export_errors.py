@@ -1,0 +1,75 @@
+"""Bad input: a clear :class:`QATExportError` naming the layer and parameter, before any tensor is yielded."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from export_models import build_gpt, qat
+from patchkit.patches.modelopt.qat import QATExportError, export_qat_config, export_qat_weights
+
+QKV = "decoder.layers.1.self_attention.linear_qkv"
+
+
+def test_a_model_without_qat_is_refused(megatron_cpu):
+    model = build_gpt(False)
+    with pytest.raises(QATExportError, match="no ModelOpt quantizers.*apply_qat"):
+        export_qat_weights([model])
+    with pytest.raises(QATExportError, match="no ModelOpt quantizers"):
+        export_qat_config([model])
+
+
+def test_an_uncalibrated_weight_quantizer_is_named(megatron_cpu, cpu_backend):
+    model = qat(build_gpt(False))
+    quantizer = dict(model.named_modules())[QKV].weight_quantizer
+    del quantizer._amax
+    with pytest.raises(QATExportError, match="never calibrated") as error:
+        export_qat_weights([model])
+    assert (error.value.layer, error.value.parameter) == (QKV, f"{QKV}.weight")
+
+
+@pytest.mark.parametrize("value", [0.0, float("nan"), float("inf")])
+def test_a_zero_or_non_finite_amax_is_named(megatron_cpu, cpu_backend, value):
+    model = qat(build_gpt(False))
+    quantizer = dict(model.named_modules())[QKV].weight_quantizer
+    quantizer._amax.fill_(value)
+    with pytest.raises(QATExportError, match="one finite positive amax") as error:
+        export_qat_weights([model])
+    assert error.value.parameter == f"{QKV}.weight"
+
+
+def test_a_non_nvfp4_quantizer_is_named(megatron_cpu, cpu_backend):
+    model = qat(build_gpt(False))
+    quantizer = dict(model.named_modules())[QKV].weight_quantizer
+    quantizer._num_bits = (4, 3)
+    with pytest.raises(QATExportError, match="not NVFP4") as error:
+        export_qat_weights([model])
+    assert error.value.layer == QKV
+
+
+def test_native_asked_for_without_a_bridge_that_has_it(megatron_cpu, cpu_backend):
+    model = qat(build_gpt(False))
+
+    class OldBridge:
+        pass
+
+    with pytest.raises(QATExportError, match="export_hf_weights_modelopt"):
+        export_qat_weights([model], OldBridge(), native=True)
+
+
+def test_errors_come_before_the_first_tensor(megatron_cpu, cpu_backend):
+    # The checks run when export_qat_weights is called, not lazily at the bad layer: a consumer
+    # that has started loading tensors never has to undo half a model.
+    model = qat(build_gpt(False))
+    last = "decoder.layers.1.mlp.linear_fc2"
+    del dict(model.named_modules())[last].weight_quantizer._amax
+    with pytest.raises(QATExportError) as error:
+        export_qat_weights([model])
+    assert error.value.layer == last
+
+
+def test_wrapped_chunks_are_unwrapped(megatron_cpu, cpu_backend):
+    from megatron.core.transformer.module import Float16Module
+
+    model = qat(build_gpt(False, dtype=torch.bfloat16))
+    wrapped = Float16Module(model.config, model)
+    assert [n for n, _ in export_qat_weights([wrapped])] == [n for n, _ in export_qat_weights(model)]
