@@ -16,7 +16,6 @@ import pytest
 import torch
 from moe_harness import cpu_moe
 from patchkit.patches.megatron import router_replay_api as replay
-from patchkit.patches.megatron._tiny_moe import thd_batch  # the same packed batch as the doctor's check
 from replay_models import (
     TOPK,
     Batch,
@@ -27,6 +26,7 @@ from replay_models import (
     forward_loss,
     routers,
     shift_expert_bias,
+    thd_batch,
 )
 
 import patchkit
