@@ -80,3 +80,23 @@ def upstream_behaviour(patch_id: str, engine: Any = None) -> Iterator[None]:
     finally:
         for action in installed:
             setattr(action.owner, action.name, action.installed)
+
+
+@contextlib.contextmanager
+def patches_as_they_were(engine: Any = None) -> Iterator[None]:
+    """For tests: revert on exit every patch that was not installed on entry.
+
+    ``patchkit doctor`` applies what applies in its process (it is a diagnostic process); a test that
+    runs it in the test process would otherwise leave patches installed for the tests after it.
+    """
+    if engine is None:
+        import patchkit
+
+        engine = patchkit.engine()
+    before = {s.id for s in engine.status() if s.state.installed}
+    try:
+        yield
+    finally:
+        for status in engine.status():
+            if status.state.installed and status.id not in before:
+                engine.revert(status.id)

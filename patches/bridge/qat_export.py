@@ -54,6 +54,7 @@ _PROVIDE = Wrap(f"{GPT_PROVIDER}:GPTModelProvider.provide", "._modelopt_layer_sp
 PATCHES = (
     Patch(
         id="bridge.modelopt_layer_spec",
+        self_check="._selfchecks:check_modelopt_layer_spec",
         summary="A GPT provider with restore_modelopt_state builds ModelOpt's quantizable layer spec.",
         why=(
             "0.2 switched default_layer_spec to quantization_layer_spec on restore_modelopt_state; 0.3 "
@@ -80,6 +81,7 @@ PATCHES = (
     ),
     Patch(
         id="bridge.quant_linear_parallelism",
+        self_check="._selfchecks:check_quant_linear_parallelism",
         summary="AutoMapping knows the column/row parallelism of ModelOpt's Quant* Megatron linears.",
         why=(
             "mtq.quantize renames module classes (QuantColumnParallelLinear ...); AutoMapping detects "
@@ -112,6 +114,7 @@ PATCHES = (
     ),
     Patch(
         id="bridge.skip_quantizer_params",
+        self_check="._selfchecks:check_skip_quantizer_params",
         summary="ModelOpt quantizer state (*_quantizer.*) is left out of Megatron-to-HF weight export.",
         why=(
             "Quantizer amax buffers are persistent buffers: Bridge tries to export them, warns for each, "
@@ -137,6 +140,7 @@ PATCHES = (
     ),
     Patch(
         id="bridge.expert_local_to_global",
+        self_check="._selfchecks:check_expert_local_to_global",
         summary="Expert names map local to global under EP for SequentialMLP (local_experts.N) too.",
         why=(
             "_megatron_local_name_to_global renumbers only grouped-GEMM names (weightN); ModelOpt's "
@@ -177,6 +181,7 @@ PATCHES = (
     ),
     Patch(
         id="bridge.expert_sort_key",
+        self_check="._selfchecks:check_expert_sort_key",
         summary="Export sort keys order experts numerically in both namings (local_experts.N and weightN).",
         why="extract_sort_key reads only weightN/biasN, so local_experts.10 sorts before local_experts.2.",
         upstream=f"{BLOB}/conversion/utils.py",

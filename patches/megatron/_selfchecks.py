@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from patchkit.selfcheck import CheckContext, expect
+from patchkit.selfcheck import CheckContext, SelfCheckFailed, expect
 
 from ._tiny_gpt import BATCH_SIZE, SEQ_LEN, VOCAB_SIZE, build_tiny_gpt, make_batch
 
@@ -95,3 +95,173 @@ def check_swiglu_singleton_local_shards(context: CheckContext) -> None:
 
     expect(accepts_parameter(apply_swiglu_sharded_factory, "singleton_local_shards"),
            "apply_swiglu_sharded_factory takes singleton_local_shards", "the parameter", "no such parameter")
+
+
+# --- router replay (megatron.router_replay, megatron.router_replay_validation,
+# megatron.moe_alltoall_replay_token_count) ---
+
+
+@contextlib.contextmanager
+def _moe_replay(device: str) -> Iterator[None]:
+    """Megatron on ``device`` with the MoE stand-ins on CPU; replay state of other models left as it was.
+
+    The routers a check builds register in upstream's process-wide list; they are removed again, and
+    the routers that were there before keep their actions and targets.
+    """
+    from . import router_replay_api as replay
+    from ._cpu_stand_in import cpu_moe
+
+    registry = replay._replay_class().global_router_replay_instances
+    before = list(registry)
+    with megatron_on(device), cpu_moe() if device == "cpu" else contextlib.nullcontext():
+        try:
+            yield
+        finally:
+            registry[:] = before
+
+
+def _check_routers(model: Any) -> list[Any]:
+    from ._tiny_moe import routers
+
+    found = [getattr(r, "router_replay", None) for r in routers(model)]
+    expect(all(r is not None for r in found), "every MoE router of a model built after "
+           "router_replay_api.enable(config) has replay state", f"{len(found)} routers with replay state",
+           f"{sum(r is not None for r in found)}")
+    return found
+
+
+def _drive(model_routers: list[Any], action: str | None, targets: list[torch.Tensor] | None = None) -> None:
+    """Set this model's routers only (other models' routers in the process are not touched)."""
+    from . import router_replay_api as replay
+
+    upstream = replay._replay_module().RouterReplayAction
+    for index, router in enumerate(model_routers):
+        if targets is not None:
+            router.clear_indices()
+            router.set_target_indices(targets[index].long())
+        if action is None:
+            router.clear_router_replay_action()
+        else:
+            router.set_router_replay_action(upstream(action))
+
+
+def check_router_replay(context: CheckContext) -> None:
+    """Record, then replay through FP8-padded THD packing: routing equals the record; another target is followed.
+
+    Three packed samples (5, 11, 3 tokens) padded for FP8 to 128 slots. The recorded indices go
+    through ``unpack`` (per-sample, padding dropped) and ``pack`` back; the expert bias is shifted so
+    that the router alone would choose other experts; the replayed routing map must equal the
+    recorded one at every token. Then a target of different experts (each recorded expert + 1) must
+    be what the routers route to.
+    """
+    import types
+
+    from . import router_replay_api as replay
+    from ._tiny_moe import NUM_EXPERTS, RoutingCapture, build_tiny_moe, forward_loss, shift_expert_bias, thd_batch
+
+    lengths, seq_len = [5, 11, 3], 12
+    layout = replay.thd_layout(lengths, seq_len=seq_len,
+                               config=types.SimpleNamespace(fp8="e4m3", tensor_model_parallel_size=1))
+    expect(layout.total_tokens == 128, "FP8 padding packs 5+11+3 tokens into 128 slots", 128, layout.total_tokens)
+    with _moe_replay(context.device), torch.no_grad():
+        model = build_tiny_moe(max_sequence_length=128).to(context.device)
+        model_routers = _check_routers(model)
+        per_sample_ids = torch.randint(1, 128, (3, seq_len), generator=torch.Generator().manual_seed(1))
+        batch = thd_batch(layout, per_sample_ids).to(context.device)
+        capture = RoutingCapture(model)
+        try:
+            _drive(model_routers, "record")
+            forward_loss(model, batch)
+            recorded_maps = [m.cpu() for m in capture.take()]
+            recorded = [r.get_recorded_indices() for r in model_routers]
+            expect(all(r is not None for r in recorded), "a RECORD pass stores every layer's top-k indices",
+                   f"{len(model_routers)} recorded tensors", f"{sum(r is not None for r in recorded)}")
+            per_sample = replay.unpack(torch.stack([r.cpu() for r in recorded], dim=1), layout)
+            packed = replay.pack(per_sample, layout)
+
+            valid = torch.zeros(layout.total_tokens, dtype=torch.bool)
+            cells = torch.arange(seq_len) < torch.tensor(lengths)[:, None]
+            valid[layout.slot_of_cell.view(3, seq_len)[cells]] = True
+
+            shift_expert_bias(model)
+            forward_loss(model, batch)  # no action: what the shifted router chooses on its own
+            unreplayed = [m.cpu() for m in capture.take()]
+            expect(any(not torch.equal(u[valid], r[valid]) for u, r in zip(unreplayed, recorded_maps, strict=True)),
+                   "shifting the expert bias changes the routing without replay (else replay is not tested)",
+                   "a different routing", "the recorded routing")
+
+            _drive(model_routers, "replay_forward", list(packed.unbind(1)))
+            forward_loss(model, batch)
+            replayed = [m.cpu() for m in capture.take()]
+            mismatched = sum(int((rep[valid] != rec[valid]).any(-1).sum())
+                             for rep, rec in zip(replayed, recorded_maps, strict=True))
+            expect(mismatched == 0, "REPLAY_FORWARD of the packed record routes every token as recorded "
+                   "(tokens routed differently)", 0, mismatched)
+
+            other = [(t + 1) % NUM_EXPERTS for t in packed.unbind(1)]
+            _drive(model_routers, "replay_forward", other)
+            forward_loss(model, batch)
+            followed = [m.cpu() for m in capture.take()]
+            wanted = [torch.zeros_like(m).scatter_(1, t.long(), True) for m, t in zip(followed, other, strict=True)]
+            off = sum(int((f[valid] != w[valid]).any(-1).sum()) for f, w in zip(followed, wanted, strict=True))
+            expect(off == 0, "REPLAY_FORWARD of a different target routes to the target's experts "
+                   "(tokens routed elsewhere)", 0, off)
+        finally:
+            capture.remove()
+            _drive(model_routers, None)
+
+
+def check_router_replay_validation(context: CheckContext) -> None:
+    """A replay target with the wrong token count raises ``ReplayIndexMismatchError`` naming both counts."""
+    from ._tiny_moe import TOPK, build_tiny_moe, causal_batch, forward_loss
+    from .router_replay_api import ReplayIndexMismatchError
+
+    batch = causal_batch().to(context.device)
+    tokens = batch.input_ids.numel()
+    with _moe_replay(context.device), torch.no_grad():
+        model = build_tiny_moe().to(context.device)
+        model_routers = _check_routers(model)
+        # Padded for another layout: 16 rows too many (what a target packed with FP8 padding
+        # for an unpadded input looks like).
+        wrong = torch.zeros(tokens + 16, TOPK, dtype=torch.long)
+        wrong[:, 1] = 1
+        _drive(model_routers, "replay_forward", [wrong.to(context.device)] * len(model_routers))
+        try:
+            forward_loss(model, batch)
+        except ReplayIndexMismatchError as exc:
+            expect(exc.expected_tokens == tokens and exc.got_tokens == tokens + 16,
+                   "ReplayIndexMismatchError names the router's and the target's token counts",
+                   f"{tokens} and {tokens + 16}", f"{exc.expected_tokens} and {exc.got_tokens}")
+        except Exception as exc:  # upstream's own failure deep in gather, or anything else
+            raise SelfCheckFailed("a replay target with the wrong token count raises", "ReplayIndexMismatchError",
+                                  f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}") from exc
+        else:
+            raise SelfCheckFailed("a replay target with the wrong token count raises", "ReplayIndexMismatchError",
+                                  "no error: the forward ran")
+        finally:
+            _drive(model_routers, None)
+
+
+def check_moe_alltoall_replay_token_count(context: CheckContext) -> None:
+    """Replayed indices naming one expert twice: the all-to-all dispatcher counts the rows really routed."""
+    from ._tiny_moe import TOPK, build_tiny_moe, causal_batch, dispatchers, forward_loss
+
+    batch = causal_batch().to(context.device)
+    tokens = batch.input_ids.numel()
+    with _moe_replay(context.device), torch.no_grad():
+        model = build_tiny_moe().to(context.device)
+        model_routers = _check_routers(model)
+        duplicate = torch.zeros(tokens, TOPK, dtype=torch.long, device=context.device)  # expert 0, topk times
+        _drive(model_routers, "replay_forward", [duplicate] * len(model_routers))
+        try:
+            loss = forward_loss(model, batch)
+        except RuntimeError as exc:
+            raise SelfCheckFailed("a replay that repeats an expert passes through the all-to-all dispatcher",
+                                  f"a forward routing {tokens} rows per layer",
+                                  f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}") from exc
+        finally:
+            _drive(model_routers, None)
+        counts = [int(d.num_out_tokens) for d in dispatchers(model)]
+        expect(counts == [tokens] * len(counts), "the all-to-all dispatcher's num_out_tokens under a replay "
+               "that repeats an expert is the rows the routing map holds", [tokens] * len(counts), counts)
+        expect(bool(torch.isfinite(loss).all()), "the replayed forward's loss is finite", "finite", "non-finite")

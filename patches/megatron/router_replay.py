@@ -12,6 +12,7 @@ DISPATCHER = "megatron.core.transformer.moe.token_dispatcher"
 PATCHES = (
     Patch(
         id="megatron.router_replay",
+        self_check="._selfchecks:check_router_replay",
         summary="Record / replay-forward / replay-backward of each MoE layer's top-k expert indices.",
         why=(
             "RL trainers must route the training forward (and its activation recompute) exactly as "
@@ -49,6 +50,7 @@ PATCHES = (
     ),
     Patch(
         id="megatron.router_replay_validation",
+        self_check="._selfchecks:check_router_replay_validation",
         summary="Replayed indices that do not fit the router's tokens raise a typed error naming both counts.",
         why=(
             "Upstream replays with scores.gather(1, indices) unchecked: a target packed with other "
@@ -76,6 +78,7 @@ PATCHES = (
     ),
     Patch(
         id="megatron.moe_alltoall_replay_token_count",
+        self_check="._selfchecks:check_moe_alltoall_replay_token_count",
         summary="All-to-all dispatcher counts the tokens the routing map holds while a router replays.",
         why=(
             "Dropless routing assumes num_tokens * topk permuted rows; replayed indices that repeat an "

@@ -73,6 +73,7 @@ def __getattr__(name: str) -> Any:
 PATCHES = (
     Patch(
         id="modelopt.nvfp4_cpu_fake_quant",
+        self_check="._selfchecks:check_nvfp4_cpu_fake_quant",
         summary="Pure-torch NVFP4 fake-quant backend so ModelOpt QAT runs without CUDA (CPU CI).",
         why=(
             "ModelOpt fake-quantizes NVFP4 only with its Triton kernel or CUDA extension, so QAT code "

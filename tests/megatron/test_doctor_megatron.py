@@ -7,9 +7,16 @@ import pytest
 
 import patchkit
 from patchkit.doctor import FAILED, VERIFIED, run
-from patchkit.selfcheck import upstream_behaviour
+from patchkit.runtime.status import Reason
+from patchkit.selfcheck import patches_as_they_were, upstream_behaviour
 
 CHECKED = ("megatron.mtp_postprocess", "megatron.mtp_detach_inputs", "megatron.swiglu_singleton_local_shards")
+
+@pytest.fixture(autouse=True)
+def _doctor_leaves_no_patch_applied():
+    with patches_as_they_were():
+        yield
+
 
 
 @pytest.fixture
@@ -49,3 +56,70 @@ def test_swiglu_native_check_fails_on_a_core_without_the_parameter(monkeypatch):
     monkeypatch.setattr(mlp, "apply_swiglu_sharded_factory", lambda original_sh_ten, sharded_offsets: None)
     (verdict,) = run(["megatron.swiglu_singleton_local_shards"], device="cpu")[0]
     assert verdict.verdict == FAILED and "takes singleton_local_shards" in verdict.message
+
+
+# --- router replay ---
+
+REPLAY = ("megatron.router_replay", "megatron.router_replay_validation", "megatron.moe_alltoall_replay_token_count")
+
+
+@pytest.fixture
+def applied_replay():
+    with patchkit.applied(*REPLAY) as statuses:
+        yield {s.id: s for s in statuses}
+
+
+def test_every_router_replay_check_is_verified(applied_replay):
+    found = verdicts(*REPLAY)
+    assert {pid: found[pid].verdict for pid in REPLAY} == dict.fromkeys(REPLAY, VERIFIED), \
+        {pid: found[pid].message for pid in REPLAY}
+
+
+def test_router_replay_check_leaves_other_routers_replay_state_alone(applied_replay):
+    from patchkit.patches.megatron import router_replay_api as replay
+
+    registry = replay._replay_class().global_router_replay_instances
+    before = list(registry)
+    run(["megatron.router_replay"], device="cpu")
+    assert registry == before
+
+
+def test_router_replay_check_fails_when_replay_computes_its_own_topk(applied_replay, monkeypatch):
+    """Native (0.16+): upstream's replay hook removed; backport (0.14/0.15): the patch bypassed."""
+    from patchkit.patches.megatron import router_replay_api as replay
+
+    if applied_replay["megatron.router_replay"].reason is Reason.NATIVE:
+        original = replay._replay_class().get_replay_topk
+
+        def ignore_replay(self, scores, topk, num_groups=None, group_topk=None, default_compute_topk=None):
+            """Records as upstream does, but routes every replayed pass by its own top-k."""
+            if getattr(self.router_replay_action, "value", None) == "record":
+                return original(self, scores, topk, num_groups, group_topk, default_compute_topk)
+            return default_compute_topk(scores, topk, num_groups=num_groups, group_topk=group_topk)
+
+        monkeypatch.setattr(replay._replay_class(), "get_replay_topk", ignore_replay)
+        (verdict,) = run(["megatron.router_replay"], device="cpu")[0]
+        expected = "REPLAY_FORWARD of the packed record routes every token as recorded (tokens routed differently): "
+    else:  # upstream's TopKRouter: no replay state at all
+        with upstream_behaviour("megatron.router_replay"):
+            (verdict,) = run(["megatron.router_replay"], device="cpu")[0]
+        expected = "has replay state: expected 2 routers with replay state, found 0"
+    assert verdict.verdict == FAILED
+    assert expected in verdict.message, verdict.message
+
+
+def test_router_replay_validation_check_fails_with_upstreams_unchecked_gather(applied_replay):
+    with upstream_behaviour("megatron.router_replay_validation"):
+        (verdict,) = run(["megatron.router_replay_validation"], device="cpu")[0]
+    assert verdict.verdict == FAILED
+    assert "wrong token count raises: expected ReplayIndexMismatchError, found " in verdict.message, verdict.message
+
+
+def test_alltoall_token_count_check_fails_with_upstreams_static_count(applied_replay):
+    with upstream_behaviour("megatron.moe_alltoall_replay_token_count"):
+        (verdict,) = run(["megatron.moe_alltoall_replay_token_count"], device="cpu")[0]
+    assert verdict.verdict == FAILED
+    # 0.19.2's argsort permute fails outright; 0.14-0.16's masked_select permute keeps the wrong count.
+    assert ("found RuntimeError" in verdict.message
+            or "num_out_tokens under a replay that repeats an expert" in verdict.message and "[64, 64]"
+            in verdict.message), verdict.message

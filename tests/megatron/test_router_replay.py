@@ -26,6 +26,7 @@ from replay_models import (
     forward_loss,
     routers,
     shift_expert_bias,
+    thd_batch,
 )
 
 import patchkit
@@ -233,27 +234,6 @@ def test_replay_without_any_enabled_router_is_a_clear_error(moe_replay):
         replay.set_action("replay")
 
 
-def _thd_batch(layout, per_sample_ids: torch.Tensor) -> Batch:
-    """The packed sequence as one row, attention confined to each padded sample (THD semantics).
-
-    The local (non-TE) attention has no THD kernel; a block-diagonal causal mask over the packed
-    row gives every token the same context it has in THD, so routing and loss per token match.
-    """
-    ids = replay.pack(per_sample_ids.unsqueeze(-1), layout, fill=0).view(1, -1)
-    total = ids.shape[1]
-    bounds = layout.cu_seqlens_padded
-    sample = torch.bucketize(torch.arange(total), bounds[1:], right=True)
-    position = torch.arange(total) - bounds[sample]
-    same_sample = sample.unsqueeze(0) == sample.unsqueeze(1)
-    causal = torch.ones(total, total, dtype=torch.bool).tril()
-    return Batch(
-        input_ids=ids,
-        position_ids=position.view(1, -1),
-        attention_mask=~(same_sample & causal).view(1, 1, total, total),
-        labels=ids.roll(-1, dims=1),
-    )
-
-
 def test_fp8_packed_round_trip_replays_the_recorded_pass(moe_replay):
     lengths, seq_len = [5, 11, 3], 12
     fp8_config = types.SimpleNamespace(fp8="e4m3", tensor_model_parallel_size=1)
@@ -263,7 +243,7 @@ def test_fp8_packed_round_trip_replays_the_recorded_pass(moe_replay):
     model = build_tiny_moe(max_sequence_length=128)
     generator = torch.Generator().manual_seed(1)
     per_sample_ids = torch.randint(1, 128, (3, seq_len), generator=generator)
-    batch = _thd_batch(layout, per_sample_ids)
+    batch = thd_batch(layout, per_sample_ids)
 
     capture = RoutingCapture(model)
     replay.set_action("record")
@@ -295,7 +275,7 @@ def test_targets_packed_without_fp8_padding_for_an_fp8_input_raise_a_mismatch(mo
     fp8_layout = replay.thd_layout(lengths, seq_len=seq_len, fp8_padding=True)
     plain_layout = replay.thd_layout(lengths, seq_len=seq_len, config=types.SimpleNamespace())
     model = build_tiny_moe(max_sequence_length=128)
-    batch = _thd_batch(fp8_layout, torch.ones(3, seq_len, dtype=torch.long))
+    batch = thd_batch(fp8_layout, torch.ones(3, seq_len, dtype=torch.long))
 
     per_sample = torch.zeros(3, seq_len, 2, TOPK, dtype=torch.long)
     per_sample[..., 1] = 1

@@ -20,10 +20,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "megatron"))
 from cpu_harness import cpu_megatron, destroy_parallel_state, free_port, initialize_parallel_state  # noqa: E402,F401
 
+# The grid check is shipped: the ModelOpt self-check judges NVFP4 output with the same code.
+from patchkit.patches.modelopt._nvfp4_grid import E2M1, assert_blocks_on_fp4_grid  # noqa: E402,F401
+
 VOCAB_SIZE = 128
 SEQ_LEN = 16
-#: FP4 E2M1 magnitudes.
-E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 
 @pytest.fixture
@@ -87,32 +88,6 @@ def batch(seed: int = 3) -> dict[str, torch.Tensor]:
         "attention_mask": torch.ones(SEQ_LEN, SEQ_LEN, dtype=torch.bool).triu(1).view(1, 1, SEQ_LEN, SEQ_LEN),
         "labels": tokens[:, 1:].contiguous(),
     }
-
-
-def assert_blocks_on_fp4_grid(weight: torch.Tensor, quantized: torch.Tensor, block_size: int = 16) -> int:
-    """Each block of ``quantized`` holds at most 8 magnitudes, all E2M1 values times one block scale.
-
-    The scale is not taken from patchkit: a block's largest magnitude must be some E2M1 value ``m``
-    times the scale, so some ``scale = max / m`` must put every magnitude of the block on the grid.
-    Returns the number of blocks checked.
-    """
-    assert quantized.shape == weight.shape
-    rows = quantized.detach().float().reshape(-1, quantized.shape[-1])
-    assert rows.shape[-1] % block_size == 0
-    blocks = rows.reshape(-1, block_size).abs()
-    ordered = blocks.sort(dim=1).values
-    distinct = 1 + (ordered.diff(dim=1) != 0).sum(dim=1)
-    assert int(distinct.max()) <= 8, f"a block has {int(distinct.max())} distinct magnitudes"
-    grid = torch.tensor(E2M1)
-    top = blocks.amax(dim=1, keepdim=True)
-    fits = top.squeeze(1) == 0
-    for m in E2M1[1:]:
-        ratio = blocks / torch.where(top > 0, top / m, torch.ones_like(top))
-        off_grid = (ratio.unsqueeze(-1) - grid).abs().amin(dim=-1)
-        fits |= (off_grid <= 1e-4).all(dim=1)
-    bad = (~fits).nonzero().flatten()
-    assert bad.numel() == 0, f"block {int(bad[0])} magnitudes {blocks[bad[0]].unique().tolist()} are off the E2M1 grid"
-    return blocks.shape[0]
 
 
 # --- Megatron DDP on CPU (gloo) -----------------------------------------------------------------

@@ -15,6 +15,7 @@ from typing import Any, Iterator
 import pytest
 import torch
 from modelopt.torch.quantization.nn import TensorQuantizer
+from patchkit.patches.modelopt._nvfp4_grid import at_rounding_tie
 from patchkit.patches.modelopt.qat import apply_qat
 from qat_fixtures import SEQ_LEN, VOCAB_SIZE, assert_blocks_on_fp4_grid, batch, build_tiny_moe_gpt
 
@@ -44,33 +45,6 @@ def _modelopt_kernel(weight: torch.Tensor) -> torch.Tensor:
         return quantizer(weight)
 
 
-#: E2M1 decision boundaries (as in the backend). Values that scale exactly onto one are ties.
-_BOUNDARIES = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
-
-
-def _at_rounding_tie(weight: torch.Tensor, amax: torch.Tensor, rule: str | None = None) -> torch.Tensor:
-    """Where ``|x| / block_scale`` lies on an E2M1 boundary, to within 2**-20 relative.
-
-    There the Triton kernel's fp32 division (``div.full.f32``, approximate, not IEEE-rounded) may
-    land on either side, while torch divides exactly: the one place the two can round differently.
-    bf16/fp16 weights, with few mantissa bits, hit such ties often; random fp32 weights almost never.
-    """
-    rows = weight.float().reshape(-1, weight.shape[-1])
-    blocks = rows.reshape(rows.shape[0], -1, 16)
-    global_scale = amax.float() / (6.0 * 448.0)
-    block_scale = torch.clamp(blocks.abs().amax(-1, keepdim=True) / (6.0 * global_scale), max=448.0)
-    block_scale = block_scale.to(torch.float8_e4m3fn).float() * global_scale
-    from patchkit.patches.modelopt._nvfp4_cpu_backend import RULE_047, installed_release_rule
-
-    if (rule or installed_release_rule()) == RULE_047:
-        block_scale = torch.where(block_scale >= 1e-5, block_scale, torch.ones_like(block_scale))
-    else:
-        block_scale = torch.where(block_scale == 0, torch.ones_like(block_scale), block_scale)
-    scaled = blocks.abs() / block_scale
-    near = ((scaled.unsqueeze(-1) - _BOUNDARIES).abs() <= _BOUNDARIES * 2.0**-20).any(-1)
-    return near.reshape(weight.shape)
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_cpu_backend_matches_modelopts_cuda_kernel(dtype, record_property):
     from patchkit.patches.modelopt._nvfp4_cpu_backend import nvfp4_fake_quantize
@@ -85,7 +59,7 @@ def test_cpu_backend_matches_modelopts_cuda_kernel(dtype, record_property):
         amax = weight.float().abs().amax()
         on_cpu = nvfp4_fake_quantize(weight, amax, 16)
         on_cuda = nvfp4_fake_quantize(weight.cuda(), amax.cuda(), 16).cpu()
-        tie = _at_rounding_tie(weight, amax)
+        tie = at_rounding_tie(weight, amax)
         differs = on_cpu != reference
         worst_cpu = max(worst_cpu, (on_cpu.float() - reference.float()).abs().max().item())
         worst_cuda = max(worst_cuda, (on_cuda.float() - reference.float()).abs().max().item())
@@ -146,7 +120,7 @@ def test_tiny_blocks_match_modelopts_cuda_kernel(dtype, record_property):
         amax = weight.float().abs().amax()
         ours = nvfp4_fake_quantize(weight, amax, 16, rule)
         wrong_rule = nvfp4_fake_quantize(weight, amax, 16, other)
-        tie = _at_rounding_tie(weight, amax, rule)
+        tie = at_rounding_tie(weight, amax, rule=rule)
         ulp = (torch.nextafter(reference.abs(), torch.tensor(float("inf"), dtype=dtype)) - reference.abs()).float()
         gap = (ours.float() - reference.float()).abs()
         beyond_one_ulp_off_tie += int(((gap > ulp) & ~tie).sum())

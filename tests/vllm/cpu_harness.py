@@ -88,33 +88,8 @@ def vllm_cpu_config(model_dir: Path) -> Iterator[object]:
         yield config
 
 
-@contextlib.contextmanager
-def cpu_nvfp4_kernels() -> Iterator[None]:
-    """Register vLLM's NVFP4 emulation kernels for the CPU platform (see module docstring)."""
-    from vllm.model_executor.kernels import linear as linear_kernels
-    from vllm.model_executor.kernels.linear.nvfp4.emulation import EmulationNvFp4LinearKernel
-    from vllm.model_executor.layers.fused_moe.experts.nvfp4_emulation_moe import (
-        Nvfp4QuantizationEmulationTritonExperts as EmulationExperts,
-    )
-    from vllm.platforms import current_platform
-
-    table = linear_kernels._POSSIBLE_NVFP4_KERNELS
-    platform = current_platform._enum
-    saved_linear = table.get(platform)
-    saved_device_check = EmulationExperts.__dict__.get("_supports_current_device")
-    table[platform] = [EmulationNvFp4LinearKernel]
-    EmulationExperts._supports_current_device = staticmethod(lambda: True)
-    try:
-        yield
-    finally:
-        if saved_linear is None:
-            table.pop(platform, None)
-        else:
-            table[platform] = saved_linear
-        if saved_device_check is None:
-            del EmulationExperts._supports_current_device
-        else:
-            EmulationExperts._supports_current_device = saved_device_check
+# The NVFP4 emulation redirect is shipped (the vLLM self-check uses it): one copy.
+from patchkit.patches.vllm._cpu_stand_in import cpu_nvfp4_kernels  # noqa: E402,F401
 
 
 @contextlib.contextmanager

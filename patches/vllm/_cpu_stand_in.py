@@ -1,0 +1,94 @@
+"""Real vLLM layers on a machine without CUDA, for the vLLM self-check (and the tests, which share it).
+
+Two redirects, both reverted on exit, nothing else of vLLM replaced:
+
+- ``vllm.model_executor.kernels.linear._POSSIBLE_NVFP4_KERNELS[<CPU platform>]`` is set to
+  ``[EmulationNvFp4LinearKernel]``. Upstream lists its emulation kernel (a dequantise-then-matmul in
+  torch) only for CUDA and ROCm, so on CPU ``init_nvfp4_linear_kernel`` finds no kernel. The
+  emulation kernel itself is vLLM's, unchanged.
+- ``Nvfp4QuantizationEmulationTritonExperts._supports_current_device`` answers True, so the NVFP4 MoE
+  oracle selects its emulation backend and MoE layers can be built and processed on CPU.
+
+:func:`vllm_context` starts what vLLM layers need to be built (a current ``VllmConfig`` and
+model-parallel state of world size 1) unless the process already has it, and tears down what it started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import Iterator
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def vllm_config(backend: str = "gloo") -> Iterator[object]:
+    """A current default ``VllmConfig`` and vLLM's model-parallel state (world size 1), started here.
+
+    No ``ModelConfig``: linear and MoE layers do not read one, and building one (Hugging Face config
+    resolution, vLLM's model-registry inspection in a subprocess) costs a minute on a busy 2-core machine.
+    """
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+
+    config = VllmConfig()
+    with set_current_vllm_config(config):
+        init_distributed_environment(world_size=1, rank=0, local_rank=0,
+                                     distributed_init_method=f"tcp://127.0.0.1:{free_port()}", backend=backend)
+        initialize_model_parallel(1, 1)
+        yield config
+
+
+@contextlib.contextmanager
+def vllm_context(device: str) -> Iterator[None]:
+    """vLLM's config and model-parallel state (reused if the process has them) and, on CPU, the redirects."""
+    from vllm.distributed import parallel_state
+
+    with contextlib.ExitStack() as stack:
+        if not parallel_state.model_parallel_is_initialized():
+            stack.callback(_tear_down)
+            stack.enter_context(vllm_config("gloo" if device == "cpu" else "nccl"))
+        if device == "cpu":
+            stack.enter_context(cpu_nvfp4_kernels())
+        yield
+
+
+def _tear_down() -> None:
+    from vllm.distributed import destroy_distributed_environment, destroy_model_parallel
+
+    destroy_model_parallel()
+    destroy_distributed_environment()
+
+
+@contextlib.contextmanager
+def cpu_nvfp4_kernels() -> Iterator[None]:
+    """Register vLLM's NVFP4 emulation kernels for the CPU platform (see the module docstring)."""
+    from vllm.model_executor.kernels import linear as linear_kernels
+    from vllm.model_executor.kernels.linear.nvfp4.emulation import EmulationNvFp4LinearKernel
+    from vllm.model_executor.layers.fused_moe.experts.nvfp4_emulation_moe import (
+        Nvfp4QuantizationEmulationTritonExperts as EmulationExperts,
+    )
+    from vllm.platforms import current_platform
+
+    table = linear_kernels._POSSIBLE_NVFP4_KERNELS
+    platform = current_platform._enum
+    saved_linear = table.get(platform)
+    saved_device_check = EmulationExperts.__dict__.get("_supports_current_device")
+    table[platform] = [EmulationNvFp4LinearKernel]
+    EmulationExperts._supports_current_device = staticmethod(lambda: True)
+    try:
+        yield
+    finally:
+        if saved_linear is None:
+            table.pop(platform, None)
+        else:
+            table[platform] = saved_linear
+        if saved_device_check is None:
+            del EmulationExperts._supports_current_device
+        else:
+            EmulationExperts._supports_current_device = saved_device_check

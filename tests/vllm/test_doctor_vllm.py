@@ -1,0 +1,55 @@
+"""`patchkit doctor` on the real vLLM (CPU emulation): the NVFP4 refit self-check verifies an export -> refit
+round trip, and fails when the patch is bypassed (upstream's layer methods back in place)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from nvfp4_helpers import BLOCK, E2M1_VALUES, dequantize, export_nvfp4
+
+import patchkit
+from patchkit.doctor import FAILED, VERIFIED, run
+from patchkit.selfcheck import patches_as_they_were, upstream_behaviour
+
+PATCH = "vllm.nvfp4_refit"
+
+@pytest.fixture(autouse=True)
+def _doctor_leaves_no_patch_applied():
+    with patches_as_they_were():
+        yield
+
+
+
+@pytest.fixture
+def applied_refit():
+    with patchkit.applied(PATCH) as (status,):
+        assert status.state.installed, status.to_dict()
+        yield
+
+
+def verdict_of():
+    (verdict,) = run([PATCH], device="cpu")[0]
+    return verdict
+
+
+def test_export_writes_blocks_the_dequantiser_reads_back_within_half_a_step():
+    weight = torch.randn(8, 64, generator=torch.Generator().manual_seed(0)) * torch.logspace(-2, 1, 64)
+    checkpoint = export_nvfp4("w", weight)
+    back = dequantize(checkpoint["w.weight"], checkpoint["w.weight_scale"], checkpoint["w.weight_scale_2"])
+    scale = (checkpoint["w.weight_scale"].float() * checkpoint["w.weight_scale_2"]).repeat_interleave(BLOCK, -1)
+    assert checkpoint["w.weight"].shape == (8, 32) and checkpoint["w.weight"].dtype == torch.uint8
+    assert bool(((back / scale).abs().unsqueeze(-1) - E2M1_VALUES).abs().amin(-1).max() < 1e-5)  # on the grid
+    assert bool(((back - weight).abs() <= scale * 1.0 + 1e-6).all())  # within one E2M1 step (2 at the top)
+
+
+def test_nvfp4_refit_check_is_verified(applied_refit):
+    verdict = verdict_of()
+    assert verdict.verdict == VERIFIED, verdict.message
+
+
+def test_nvfp4_refit_check_fails_with_upstreams_layer_methods(applied_refit):
+    with upstream_behaviour(PATCH):
+        verdict = verdict_of()
+    assert verdict.verdict == FAILED
+    assert "refit with exported weights of vLLM's NVFP4 linear layers: expected the layers take the new weights, " \
+        "found " in verdict.message, verdict.message
