@@ -7,12 +7,12 @@ converts them in ``process_weights_after_loading``, replacing ``Parameter`` obje
 ``weight_loader``) and, from 0.16, deleting ``input_scale``/``weight_scale_2``. Nothing in either
 method changes here. What is added:
 
-- after ``create_weights``: the new parameters' loaders count what the model's original load
-  writes, so a refit can require the same (a W4A16 checkpoint leaves the ``input_scale``
-  placeholder unloaded; a refit must not demand it);
-- around a layer's first ``process_weights_after_loading``: the counting loaders are removed, and
-  the checkpoint parameters going in and the kernel tensors coming out are recorded for
-  ``_refit_impl``. Later calls (the refit's own re-processing) pass straight through.
+- after ``create_weights``: the names of the parameters it registered are kept on the layer;
+- around a layer's first ``process_weights_after_loading`` (after a real load or a dummy start,
+  alike): those checkpoint parameters going in and the kernel tensors coming out are recorded for
+  ``_refit_impl``. What a refit must supply is every such parameter in full, except placeholders
+  the method never reads (``_refit_placeholders``). Later calls (the refit's own re-processing)
+  pass straight through.
 """
 
 from __future__ import annotations
@@ -24,14 +24,12 @@ from typing import Any
 
 import torch
 
-from ._refit_loaders import unwrap_counting_loader, wrap_counting_loader
+from ._refit_placeholders import unread_placeholders
 from ._refit_state import (
-    FIRST_LOAD_ATTR,
+    CREATED_ATTR,
     STATE_ATTR,
-    UNPROCESSED_PARAMS,
     KernelTensors,
     LayerRefitState,
-    LoadLog,
     capture_checkpoint_specs,
     capture_method_state,
 )
@@ -40,17 +38,14 @@ logger = logging.getLogger(__name__)
 
 
 def wrap_create_weights(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Factory for ``Wrap``: count what the original load writes into the new parameters."""
+    """Factory for ``Wrap``: remember which parameters ``create_weights`` registered."""
 
     @functools.wraps(original)
     def create_weights(self: Any, layer: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         existing = set(layer._parameters)
         result = original(self, layer, *args, **kwargs)
-        log = LoadLog()
-        for name, param in layer._parameters.items():
-            if name not in existing and name not in UNPROCESSED_PARAMS and param is not None:
-                wrap_counting_loader(param, name, log)
-        object.__setattr__(layer, FIRST_LOAD_ATTR, log)
+        created = frozenset(n for n, p in layer._parameters.items() if n not in existing and p is not None)
+        object.__setattr__(layer, CREATED_ATTR, created)
         return result
 
     return create_weights
@@ -63,11 +58,8 @@ def wrap_process_weights_after_loading(original: Callable[..., Any]) -> Callable
     def process_weights_after_loading(self: Any, layer: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         if layer.__dict__.get(STATE_ATTR) is not None:
             return original(self, layer, *args, **kwargs)
-        first_load = layer.__dict__.pop(FIRST_LOAD_ATTR, None)
-        for param in layer._parameters.values():
-            if param is not None:
-                unwrap_counting_loader(param)
-        checkpoint = capture_checkpoint_specs(layer, first_load)
+        created = layer.__dict__.pop(CREATED_ATTR, None)
+        checkpoint = capture_checkpoint_specs(layer, created, unread_placeholders(self))
         result = original(self, layer, *args, **kwargs)
         object.__setattr__(
             layer,

@@ -10,7 +10,8 @@ one layer, done model-wide and all-or-nothing:
    Attention layers with a KV-cache method get their scale parameters back through the method's
    own ``create_weights``.
 2. the caller runs ``model.load_weights`` (vLLM's loaders fill the staged parameters).
-3. ``finish``: check every staged parameter got what the original load wrote; run upstream
+3. ``finish``: check every staged parameter was written in full (placeholders the method never
+   reads excepted); run upstream
    ``process_weights_after_loading`` on every staged layer; check the new kernel tensors match the
    old ones; only then copy them into the old kernel tensors (addresses captured by CUDA graphs
    stay valid) and put the old tensor objects back. Any failure before the copy restores every
@@ -21,7 +22,8 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import torch
 
@@ -149,7 +151,8 @@ def finish(model: torch.nn.Module) -> None:
 
 
 def _check_all_loaded(layers: list[tuple[str, torch.nn.Module, LayerRefitState]]) -> None:
-    """Each parameter must receive at least as many elements as the model's original load wrote."""
+    """Each checkpoint parameter ``create_weights`` registered must be written in full (placeholders
+    the method never reads excepted), whether the model's first load was real or dummy."""
     for layer_name, _, state in layers:
         assert state.staging is not None
         log = state.staging.log
@@ -215,6 +218,55 @@ def _commit_kv_scales(layer: torch.nn.Module) -> None:
     else:
         # No scales in this refit: keep the ones in use (processing would reset them to 1.0).
         _drop_kv_scale_params(layer)
+
+
+# --- one call ------------------------------------------------------------------------------------
+
+
+def refit_weights(
+    model: torch.nn.Module,
+    weights: Iterable[tuple[str, torch.Tensor]],
+    load_weights: Callable[[Iterable[tuple[str, torch.Tensor]]], Any] | None,
+) -> None:
+    load = load_weights if load_weights is not None else _default_loader(model)
+    current: list[str] = []
+
+    def stream() -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in weights:
+            current[:] = [name]
+            yield name, tensor
+
+    prepare(model)
+    try:
+        load(stream())
+    except RefitError:
+        abort(model)
+        raise
+    except Exception as exc:
+        # vLLM's loaders raise ValueError/KeyError for a name the model does not have, and shape
+        # asserts for tensors they cannot place; say which tensor it was.
+        abort(model)
+        name = current[0] if current else None
+        layer, _, parameter = (name or "").rpartition(".")
+        raise RefitError(
+            f"refit tensor {name!r} could not be loaded into the model: {exc}; no layer was changed",
+            layer=layer or None,
+            parameter=parameter or None,
+            got="a name the model does not have" if isinstance(exc, (KeyError, ValueError)) else None,
+        ) from exc
+    except BaseException:
+        abort(model)
+        raise
+    finish(model)
+
+
+def _default_loader(model: torch.nn.Module) -> Callable[[Iterable[tuple[str, torch.Tensor]]], Any]:
+    load_weights = getattr(model, "load_weights", None)
+    if callable(load_weights):
+        return load_weights  # type: ignore[no-any-return]
+    from vllm.model_executor.models.utils import AutoWeightsLoader
+
+    return AutoWeightsLoader(model).load_weights
 
 
 # --- abort ---------------------------------------------------------------------------------------

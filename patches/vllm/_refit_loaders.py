@@ -1,4 +1,4 @@
-"""Weight-loader wrappers that count what vLLM's loaders write, for recording and refits.
+"""Weight-loader wrappers that count what vLLM's loaders write during a refit.
 
 Every vLLM weight loader ends in a ``copy_`` into the destination parameter (possibly narrowed to a
 shard or an expert), so counting the elements ``copy_`` writes tells how much of a parameter a
@@ -17,8 +17,6 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._refit_state import LoadLog
-
-_MARK = "__patchkit_counting_loader__"
 
 # What a vLLM loader raises for a tensor it cannot place (shape asserts, narrow/copy errors).
 LOADER_ERRORS = (AssertionError, ValueError, RuntimeError, IndexError)
@@ -70,14 +68,7 @@ def wrap_counting_loader(
         log.record(name, counter.copied, target.numel(), tuple(loaded_weight.shape))
         return result
 
-    setattr(counting_loader, _MARK, True)
     set_loader(param, counting_loader)
-
-
-def unwrap_counting_loader(param: torch.Tensor) -> None:
-    loader = getattr(param, "weight_loader", None)
-    if loader is not None and getattr(loader, _MARK, False):
-        set_loader(param, loader.__wrapped__)
 
 
 def get_loader(param: torch.Tensor) -> Callable[..., Any]:

@@ -1,10 +1,13 @@
 """What patchkit remembers about one quantized vLLM layer so it can be refitted.
 
 Recorded by ``_nvfp4_refit_record`` around the layer's first ``process_weights_after_loading``:
-the checkpoint-format parameters as ``create_weights`` made them (vLLM parameter class, shape,
+the checkpoint-format parameters that ``create_weights`` registered (vLLM parameter class, shape,
 dtype, and the attribute dict that carries ``weight_loader``/``_input_dim``/``_output_dim``), and
-the kernel-format tensors that processing produced. The state lives on the layer itself (not in a
-global map), so it is freed with the layer even though weight loaders are bound to it.
+the kernel-format tensors that processing produced. What a refit must supply comes from those
+parameters alone, never from what the first load wrote: RL frameworks start vLLM with
+``load_format="dummy"``, where no weight went through a loader before the first refit.
+The state lives on the layer itself (not in a global map), so it is freed with the layer even
+though weight loaders are bound to it.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from typing import Any
 import torch
 
 STATE_ATTR = "_patchkit_refit_state"
-FIRST_LOAD_ATTR = "_patchkit_first_load"
+#: names of the parameters the quant method's ``create_weights`` registered on the layer
+CREATED_ATTR = "_patchkit_created_params"
 
 # Loaded in place by the layer's own loader and never touched by the NVFP4 processing.
 UNPROCESSED_PARAMS = frozenset({"bias"})
@@ -37,11 +41,12 @@ class ParamSpec:
     dtype: torch.dtype
     device: torch.device
     attrs: dict[str, Any]
-    #: elements the model's original load wrote; None when that load was not observed
-    first_copied: int | None = None
+    #: a placeholder the layer's method never reads (W4A16's input scales): loaded when present,
+    #: not demanded when absent
+    optional: bool = False
 
     @classmethod
-    def of(cls, name: str, param: torch.nn.Parameter, first_copied: int | None = None) -> ParamSpec:
+    def of(cls, name: str, param: torch.nn.Parameter, optional: bool = False) -> ParamSpec:
         return cls(
             name=name,
             cls=type(param),
@@ -50,14 +55,13 @@ class ParamSpec:
             dtype=param.dtype,
             device=param.device,
             attrs=dict(param.__dict__),
-            first_copied=first_copied,
+            optional=optional,
         )
 
     @property
     def required(self) -> int:
-        """Elements a refit must write: what the original load wrote (a W4A16 checkpoint, say,
-        leaves the ``input_scale`` placeholder unloaded), else the whole parameter."""
-        return math.prod(self.shape) if self.first_copied is None else self.first_copied
+        """Elements a refit must write: the whole parameter, or nothing for a placeholder."""
+        return 0 if self.optional else math.prod(self.shape)
 
     def materialize(self) -> torch.nn.Parameter:
         """A new, uninitialised parameter of the recorded vLLM class with the recorded loader."""
@@ -151,11 +155,19 @@ class LayerRefitState:
     staging: Staging | None = None
 
 
-def capture_checkpoint_specs(layer: torch.nn.Module, first_load: LoadLog | None) -> dict[str, ParamSpec]:
+def capture_checkpoint_specs(
+    layer: torch.nn.Module, created: frozenset[str] | None, optional: frozenset[str]
+) -> dict[str, ParamSpec]:
+    """The checkpoint parameters ``create_weights`` registered (``created``), as they are now.
+
+    ``created`` is None for a layer built before the patch was applied: then every parameter but
+    the ones the layer loads itself (``bias``) counts.
+    """
     return {
-        name: ParamSpec.of(name, param, None if first_load is None else first_load.copied.get(name, 0))
+        name: ParamSpec.of(name, param, optional=name in optional)
         for name, param in layer._parameters.items()
-        if param is not None and name not in UNPROCESSED_PARAMS
+        if param is not None
+        and (name in created if created is not None else name not in UNPROCESSED_PARAMS)
     }
 
 

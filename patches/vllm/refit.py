@@ -7,6 +7,12 @@ One call sequence works on every vLLM version patchkit supports::
     with refit.refit(model):                 # or prepare_refit(model) ... finish_refit(model)
         model.load_weights(weights)          # vLLM's own loader, checkpoint (ModelOpt) format
 
+    refit.refit_weights(model, weights)      # the same in one call; loader errors become RefitError
+
+The model may have been started with ``load_format="dummy"`` (as verl and NeMo-RL do): what a
+refit must supply is read from the parameters each layer's ``create_weights`` registered, not from
+what a first load wrote.
+
 On versions where patchkit's ``vllm.nvfp4_refit`` patch is applied, patchkit stages fresh
 checkpoint-format parameters (same vLLM class, same weight loaders) for every recorded ModelOpt
 NVFP4 layer, re-runs upstream's ``process_weights_after_loading`` on them and copies the result
@@ -24,13 +30,13 @@ work lives in ``_refit_impl``, imported on first use.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["RefitError", "prepare_refit", "finish_refit", "abort_refit", "refit", "refit_mode"]
+__all__ = ["RefitError", "prepare_refit", "finish_refit", "abort_refit", "refit", "refit_weights", "refit_mode"]
 
 # Data-only module for the engine: the refit API declares no patch of its own.
 PATCHES: tuple = ()
@@ -105,6 +111,27 @@ def refit(model: torch.nn.Module) -> Iterator[None]:
         backend.abort(model)
         raise
     backend.finish(model)
+
+
+def refit_weights(
+    model: torch.nn.Module,
+    weights: Iterable[tuple[str, torch.Tensor]],
+    *,
+    load_weights: Callable[[Iterable[tuple[str, torch.Tensor]]], Any] | None = None,
+) -> None:
+    """One call for a whole refit: prepare, stream ``weights`` through vLLM's loaders, finish.
+
+    ``weights`` are ``(name, tensor)`` pairs in the checkpoint (ModelOpt) format under the model's
+    checkpoint names, as ``model.load_weights`` takes them; they are consumed once, in order, so a
+    generator that produces one layer at a time keeps peak memory at one layer. ``load_weights``
+    defaults to ``model.load_weights`` (every vLLM model has one) or, for a bare module of vLLM
+    layers, vLLM's ``AutoWeightsLoader``.
+
+    All-or-nothing, after a real first load or a ``load_format="dummy"`` start alike: a tensor of
+    the wrong shape or dtype, a parameter left out, or a name the model does not have raises
+    :class:`RefitError` naming the layer and parameter, and every layer keeps its previous weights.
+    """
+    _backend().refit_weights(model, weights, load_weights)
 
 
 def _backend() -> Any:

@@ -1,103 +1,35 @@
-"""Real vLLM on CPU for the NVFP4 refit tests.
-
-Environment (see compat_matrix.yaml ``vllm-0.29``): vLLM beside the CPU torch 2.13.0,
-``VLLM_TARGET_DEVICE=cpu``. vLLM's model-parallel state is initialised once per session with the
-gloo backend (world size 1) inside ``set_current_vllm_config``, as vLLM's own CPU worker does. The
-config carries a real ``ModelConfig`` read offline from a tiny Llama ``config.json`` (attention
-layers read the model dtype from it; no weights or tokenizer are involved).
-
-Harness redirects (test-only, nothing else of vLLM is replaced):
-
-- ``vllm.model_executor.kernels.linear._POSSIBLE_NVFP4_KERNELS[PlatformEnum.CPU]`` is set to
-  ``[EmulationNvFp4LinearKernel]``. Upstream lists the emulation kernel (a dequantise-then-matmul
-  written in torch) only for CUDA and ROCm, so on CPU ``init_nvfp4_linear_kernel`` finds no kernel.
-  The emulation kernel itself is vLLM's, unchanged.
-- ``Nvfp4QuantizationEmulationTritonExperts._supports_current_device`` answers True, so vLLM's NVFP4
-  MoE oracle selects its EMULATION backend and the MoE layer can be built and processed on CPU.
-  Its forward needs Triton (GPU), so MoE tests check the processed kernel tensors, not outputs.
-"""
+"""Fixtures for the vLLM tests: real vLLM on CPU, set up by ``cpu_harness`` (read it for what the
+harness changes). Environment: compat_matrix.yaml ``vllm-0.24`` / ``vllm-0.33``."""
 
 from __future__ import annotations
 
-import os
+from collections.abc import Iterator
 
-import torch
-
-if not torch.cuda.is_available():  # vLLM picks its platform from this at first use
-    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-
-import json  # noqa: E402
-import socket  # noqa: E402
-from collections.abc import Iterator  # noqa: E402
-
-import pytest  # noqa: E402
+import pytest
 
 pytest.importorskip("vllm")
 
+import cpu_harness  # noqa: E402
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-TINY_LLAMA_CONFIG = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
-    "intermediate_size": 256, "num_attention_heads": 2, "num_key_value_heads": 2,
-    "num_hidden_layers": 1, "vocab_size": 256, "max_position_embeddings": 256,
-    "rms_norm_eps": 1e-5, "torch_dtype": "float32",
-}
+cpu_harness.select_cpu_platform()
 
 
 @pytest.fixture(scope="session")
 def vllm_config(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    from vllm.config import ModelConfig, VllmConfig, set_current_vllm_config
-    from vllm.distributed import init_distributed_environment, initialize_model_parallel
-
-    model_dir = tmp_path_factory.mktemp("tiny-llama")
-    (model_dir / "config.json").write_text(json.dumps(TINY_LLAMA_CONFIG))
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    model_config = ModelConfig(model=str(model_dir), skip_tokenizer_init=True, dtype="float32")
-    config = VllmConfig(model_config=model_config)
-    with set_current_vllm_config(config):
-        init_distributed_environment(
-            world_size=1,
-            rank=0,
-            local_rank=0,
-            distributed_init_method=f"tcp://127.0.0.1:{_free_port()}",
-            backend="gloo",
-        )
-        initialize_model_parallel(1, 1)
+    with cpu_harness.vllm_cpu_config(tmp_path_factory.mktemp("tiny-llama")) as config:
         yield config
 
 
 @pytest.fixture(scope="session")
 def cpu_nvfp4_kernels(vllm_config: object) -> Iterator[None]:
-    """Register vLLM's NVFP4 emulation kernels for the CPU platform (see module docstring)."""
-    from vllm.model_executor.kernels import linear as linear_kernels
-    from vllm.model_executor.kernels.linear.nvfp4.emulation import EmulationNvFp4LinearKernel
-    from vllm.model_executor.layers.fused_moe.experts.nvfp4_emulation_moe import (
-        Nvfp4QuantizationEmulationTritonExperts as EmulationExperts,
-    )
-    from vllm.platforms import current_platform
-
-    table = linear_kernels._POSSIBLE_NVFP4_KERNELS
-    platform = current_platform._enum
-    saved_linear = table.get(platform)
-    saved_device_check = EmulationExperts.__dict__.get("_supports_current_device")
-    table[platform] = [EmulationNvFp4LinearKernel]
-    EmulationExperts._supports_current_device = staticmethod(lambda: True)
-    try:
+    with cpu_harness.cpu_nvfp4_kernels():
         yield
-    finally:
-        if saved_linear is None:
-            table.pop(platform, None)
-        else:
-            table[platform] = saved_linear
-        if saved_device_check is None:
-            del EmulationExperts._supports_current_device
-        else:
-            EmulationExperts._supports_current_device = saved_device_check
+
+
+@pytest.fixture
+def cpu_marlin_layout(cpu_nvfp4_kernels: None) -> Iterator[None]:
+    with cpu_harness.cpu_marlin_layout():
+        yield
 
 
 @pytest.fixture

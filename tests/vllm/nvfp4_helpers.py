@@ -145,3 +145,35 @@ def assert_serves(model: TwoLinears, weights: dict[str, torch.Tensor]) -> None:
         x = exact_activations(5, in_features)
         out, _ = getattr(model, name)(x)
         torch.testing.assert_close(out, linear_reference(weights, name, x), rtol=1e-5, atol=1e-5)
+
+
+# --- a dummy start and bit-exact comparison ------------------------------------------------------
+
+
+def dummy_started(model: torch.nn.Module, vllm_config: object) -> torch.nn.Module:
+    """What ``LLM(..., load_format="dummy")`` does to the model: vLLM's dummy loader, then processing."""
+    from vllm.config import LoadConfig
+    from vllm.model_executor.model_loader.dummy_loader import DummyModelLoader
+
+    DummyModelLoader(LoadConfig(load_format="dummy")).load_weights(model, vllm_config.model_config)
+    process_weights_after_loading(model)
+    return model
+
+
+def bits(tensor: torch.Tensor) -> torch.Tensor:
+    """The bytes of a tensor of any dtype and rank, for bit-exact comparison (NaN included)."""
+    return tensor.detach().reshape(-1).view(torch.uint8)
+
+
+def kernel_state(model: torch.nn.Module) -> dict[str, tuple[int, torch.Tensor]]:
+    """Every parameter and buffer: data pointer and a copy of its bytes."""
+    tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    return {name: (t.data_ptr(), t.detach().clone()) for name, t in tensors.items()}
+
+
+def assert_same_kernel_state(model: torch.nn.Module, before: dict[str, tuple[int, torch.Tensor]]) -> None:
+    after = kernel_state(model)
+    assert after.keys() == before.keys()
+    for name, (ptr, data) in before.items():
+        assert after[name][0] == ptr, name
+        assert torch.equal(bits(after[name][1]), bits(data)), name

@@ -50,6 +50,13 @@ class AttentionModel(torch.nn.Module):
     def load_weights(self, weights):
         from vllm.model_executor.models.utils import AutoWeightsLoader
 
+        if self.quant_config.get_cache_scale_mapper() is None:
+            # vLLM 0.24: ModelOpt has no cache-scale mapper; each model's load_weights remaps the
+            # names itself (as LlamaModel does) and skips a scale the model has no parameter for.
+            from vllm.model_executor.model_loader.weight_utils import maybe_remap_kv_scale_name
+
+            params = dict(self.named_parameters())
+            weights = [(name, w) for n, w in weights if (name := maybe_remap_kv_scale_name(n, params)) is not None]
         return AutoWeightsLoader(self).load_weights(weights)
 
 
