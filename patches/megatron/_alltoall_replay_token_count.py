@@ -32,14 +32,21 @@ _REPLAYING = ("replay_forward", "replay_backward")
 
 
 def replay_in_progress() -> bool:
-    """Whether any MoE router of this process is replaying indices now."""
+    """Whether any MoE router of this process is replaying indices now.
+
+    Reads the registry of whichever replay class the router module holds: megatron-core's and
+    patchkit's keep ``global_router_replay_instances``; another framework's may keep
+    ``router_instances`` (verl's DeepSeek-V4 path swaps the class in) or none. An unknown class
+    counts as not replaying: the preprocess must never fail on someone else's replay state.
+    """
     router_module = sys.modules.get(_ROUTER_MODULE)
     replay_cls = getattr(router_module, "RouterReplay", None)
-    if replay_cls is None:
-        return False
+    registry = getattr(replay_cls, "global_router_replay_instances", None)
+    if registry is None:
+        registry = getattr(replay_cls, "router_instances", ())
     return any(
-        getattr(instance.router_replay_action, "value", None) in _REPLAYING
-        for instance in replay_cls.global_router_replay_instances
+        getattr(getattr(instance, "router_replay_action", None), "value", None) in _REPLAYING
+        for instance in list(registry)
     )
 
 

@@ -4,9 +4,19 @@ Derived from upstream ``GPTModel._postprocess`` in 0.14.0-0.16.1, where the MTP 
 inline. What changes: with ``labels`` given and MTP configured, upstream returns the main LM loss;
 this returns the main-head logits ``[b, s, v]`` instead (an RL trainer computes its own log-probs
 and policy loss from them), while each MTP depth's cross-entropy is still computed and attached to
-the main hidden states through ``MTPLossAutoScaler`` exactly as upstream attaches it, so the MTP
-layers train in backward. Every other call (no labels, no MTP, inference, a pipeline stage without
-the output layer) goes to the original unchanged.
+the main hidden states through ``MTPLossAutoScaler`` as upstream attaches it, so the MTP layers
+train in backward. Where this differs from upstream's loop, on purpose:
+
+- the MTP logits come from the output layer detached unless the model's options say
+  ``output_head="trained"`` (``_mtp_options``);
+- the per-depth token count is clamped to at least 1 (upstream divides by it: NaN gradients when a
+  rank or micro-batch has no loss token; 0.17+ clamp the same way);
+- labels and mask roll over ``packed_seq_params.cp_group`` when dynamic CP sets one (0.16);
+- ``labels=None`` returns the main-head logits and skips the MTP block (upstream raises there:
+  it clones ``labels`` for MTP), as 0.17-0.18 return logits without MTP loss.
+
+Every other call (no MTP, inference, a pipeline stage without the output layer, a model marked
+disabled) goes to the original unchanged.
 """
 
 from __future__ import annotations
@@ -27,6 +37,8 @@ from torch import Tensor
 
 from patchkit.runtime.probing import accepts_parameter, get_field
 
+from ._mtp_loss_parts import mtp_cp_group, mtp_output_layer, safe_token_count
+from ._mtp_options import options_for
 from ._mtp_postprocess_logits import main_head_logits
 
 # 0.16 added standalone MTP pipeline stages: the output-layer stage may hold MTP hidden states
@@ -50,17 +62,22 @@ def attach_mtp_losses(
     output_weight: Optional[Tensor],
     runtime_gather_output: Optional[bool],
     packed_seq_params: Any,
+    detach_output_head: bool = True,
 ) -> Tensor:
     """Split off the MTP hidden states, attach each depth's loss, return the main hidden states.
 
     The loop is upstream's inline MTP loss of 0.14-0.16: labels and loss mask rolled left once per
     depth, loss logged to ``MTPLossLoggingHelper`` in training, scaled by
     ``mtp_loss_scaling_factor / mtp_num_layers`` and normalised per token count unless
-    ``calculate_per_token_loss``. Each depth's logits are dropped as soon as its loss exists.
+    ``calculate_per_token_loss``; with the count clamped, the CP group taken from the batch where
+    dynamic CP sets one and the output head optionally detached (module docstring). Each depth's
+    logits are dropped as soon as its loss exists.
     """
     config = model.config
     num_depths = config.mtp_num_layers
-    roll_kwargs: dict[str, Any] = {"shifts": -1, "dims": -1, "cp_group": model.cp_group}
+    output_layer = mtp_output_layer(model, detach_output_head)
+    cp_group = mtp_cp_group(packed_seq_params, model.cp_group)
+    roll_kwargs: dict[str, Any] = {"shifts": -1, "dims": -1, "cp_group": cp_group}
     if _ROLL_TAKES_PACKED_SEQ_PARAMS:
         roll_kwargs["packed_seq_params"] = packed_seq_params
 
@@ -71,13 +88,14 @@ def attach_mtp_losses(
         loss_mask = torch.ones_like(mtp_labels)
     mtp_loss_scale = config.mtp_loss_scaling_factor / num_depths
     for depth in range(num_depths):
-        mtp_logits, _ = model.output_layer(
+        mtp_logits, _ = output_layer(
             hidden_states_list[depth + 1],
             weight=output_weight,
             runtime_gather_output=runtime_gather_output,
         )
         mtp_labels, _ = roll_tensor(mtp_labels, **roll_kwargs)
         loss_mask, num_tokens = roll_tensor(loss_mask, **roll_kwargs)
+        num_tokens = safe_token_count(num_tokens)
         mtp_loss = loss_mask * model.compute_language_model_loss(mtp_labels, mtp_logits)
         del mtp_logits
         if model.training:
@@ -121,7 +139,13 @@ def wrap_postprocess(original: Callable[..., Any]) -> Callable[..., Any]:
         inference_context=None,
     ):
         in_inference_mode = inference_context is not None and not self.training
-        if labels is None or in_inference_mode or not self.post_process or not _computes_mtp_loss(self):
+        options = options_for(self)
+        if (
+            not options.enabled
+            or in_inference_mode
+            or not self.post_process
+            or not _computes_mtp_loss(self)
+        ):
             return original(
                 self,
                 hidden_states=hidden_states,
@@ -146,6 +170,13 @@ def wrap_postprocess(original: Callable[..., Any]) -> Callable[..., Any]:
         output_weight = None
         if self.share_embeddings_and_output_weights:
             output_weight = self.shared_embedding_or_output_weight()
+        if labels is None:
+            # Upstream clones labels for MTP and raises. A log-prob pass (reference model, rollout
+            # scoring) needs only the main head: skip the MTP block; hidden states that already
+            # hold MTP outputs (a standalone MTP stage, 0.16) are cut to the main chunk.
+            if not mtp_in_postprocess:
+                hidden_states = torch.chunk(hidden_states, 1 + self.config.mtp_num_layers, dim=0)[0]
+            return main_head_logits(self, hidden_states, output_weight, runtime_gather_output)
         if mtp_in_postprocess:
             hidden_states = self.mtp(
                 input_ids=input_ids,
@@ -169,6 +200,7 @@ def wrap_postprocess(original: Callable[..., Any]) -> Callable[..., Any]:
             output_weight,
             runtime_gather_output,
             packed_seq_params,
+            detach_output_head=options.detach_output_head,
         )
         return main_head_logits(
             self,

@@ -81,11 +81,31 @@ class ThdLayout:
     """[total_tokens] the grid cell each slot's token comes from, 0 for padding slots."""
     padding_slots: tuple[torch.Tensor, ...]
     """Per CP rank, the local slots that are padding."""
+    slot_of_token: torch.Tensor
+    """[valid tokens] the slot of each token, tokens in sample-major order (a jagged tensor's values)."""
+    num_experts: Optional[int] = None
+    """Experts per MoE layer (``num_moe_experts`` of the config), used to spread padding rows."""
 
     @property
     def local_tokens(self) -> int:
         """Tokens one CP rank's model input holds (what a router sees without sequence parallel)."""
         return self.total_tokens // self.cp_size
+
+    def padding_mask(self, cp_rank: Optional[int] = None) -> torch.Tensor:
+        """[local_tokens] bool, True on padding slots of ``cp_rank`` (``[cp, local]`` for all ranks).
+
+        megatron-core 0.16+ takes it as ``GPTModel.forward(..., padding_mask=mask.unsqueeze(0))``
+        for a THD input given as one row, and then leaves padding tokens out of the aux loss, the
+        z-loss and the expert-bias token counts (0.14/0.15 have no such argument).
+        """
+        local = self.local_tokens
+        masks = []
+        ranks = range(self.cp_size) if cp_rank is None else (_check_rank(cp_rank, self),)
+        for rank in ranks:
+            mask = torch.zeros(local, dtype=torch.bool, device=self.lengths.device)
+            mask.index_fill_(0, self.padding_slots[rank], True)
+            masks.append(mask)
+        return masks[0] if cp_rank is not None or self.cp_size == 1 else torch.stack(masks)
 
     @property
     def max_seqlen(self) -> torch.Tensor:
@@ -100,21 +120,50 @@ def uses_fp8_padding(config: Any) -> bool:
 
 def _as_mask(
     valid: Union[torch.Tensor, Sequence[int]], seq_len: Optional[int], device: Optional[torch.device]
-) -> torch.Tensor:
-    """A [batch, seq] bool mask from an attention mask, or from per-sample lengths (left-aligned)."""
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """A [batch, seq] bool mask from an attention mask, per-sample lengths (left-aligned), or a
+    jagged nested tensor (verl's ``input_ids``: its offsets give the lengths).
+
+    Also returns the lengths where the input gave them (checked against ``seq_len`` by the caller
+    after its one host sync), else None.
+    """
+    if isinstance(valid, torch.Tensor) and valid.is_nested:
+        lengths = _nested_lengths(valid).to(device or valid.device)
+        if seq_len is None:
+            seq_len = int(lengths.max()) if lengths.numel() else 0
+        return torch.arange(seq_len, device=lengths.device) < lengths.unsqueeze(1), lengths
     if isinstance(valid, torch.Tensor) and valid.dim() == 2:
         if seq_len is not None and seq_len != valid.shape[1]:
             raise ValueError(f"seq_len={seq_len} but the attention mask has {valid.shape[1]} columns")
-        return valid.to(device=device or valid.device, dtype=torch.bool)
+        return valid.to(device=device or valid.device, dtype=torch.bool), None
     lengths = torch.as_tensor(valid, dtype=torch.long, device=device)
     if lengths.dim() != 1:
         raise ValueError(
-            "expected a [batch, seq] attention mask or a 1-D sequence of per-sample lengths; got "
-            f"shape {list(lengths.shape)}"
+            "expected a [batch, seq] attention mask, a jagged nested tensor or a 1-D sequence of "
+            f"per-sample lengths; got shape {list(lengths.shape)}"
         )
     if seq_len is None:
         raise ValueError("per-sample lengths need seq_len, the width of the [batch, seq] tensors")
-    return torch.arange(seq_len, device=lengths.device) < lengths.unsqueeze(1)
+    if seq_len < 0:
+        raise ValueError(f"seq_len must be >= 0; got {seq_len}")
+    return torch.arange(seq_len, device=lengths.device) < lengths.unsqueeze(1), lengths
+
+
+def _check_lengths(lengths: torch.Tensor, low: int, high: int, seq_len: int) -> None:
+    """Lengths must fit the grid: one past ``seq_len`` or below 0 cannot be packed faithfully."""
+    if low < 0 or high > seq_len:
+        bad = torch.nonzero((lengths < 0) | (lengths > seq_len)).flatten()[:8]
+        raise ValueError(
+            f"per-sample lengths must lie in [0, seq_len={seq_len}]; samples {bad.tolist()} have "
+            f"{lengths[bad].tolist()} (a length outside the grid would drop or invent tokens)"
+        )
+
+
+def _nested_lengths(nested: torch.Tensor) -> torch.Tensor:
+    """Per-sample lengths of a jagged nested tensor ([batch, j, ...])."""
+    if nested.layout != torch.jagged:
+        raise ValueError("nested tensors must use layout=torch.jagged (what verl passes)")
+    return nested.offsets().diff().long()
 
 
 def thd_layout(
@@ -125,14 +174,22 @@ def thd_layout(
     tp_size: Optional[int] = None,
     cp_size: Optional[int] = None,
     fp8_padding: Optional[bool] = None,
+    num_experts: Optional[int] = None,
     device: Optional[torch.device] = None,
 ) -> ThdLayout:
     """The packed layout of a batch, with the padding the model input was built with.
 
     Args:
-        valid: a ``[batch, seq]`` attention mask (True/1 = token; any positions), or per-sample
-            lengths (tokens at the start of each row).
-        seq_len: width of the per-sample tensors; required with lengths.
+        valid: a ``[batch, seq]`` attention mask (True/1 = token; any positions), per-sample
+            lengths (tokens at the start of each row; each in ``[0, seq_len]``, else ValueError),
+            or a jagged nested tensor such as verl's ``input_ids`` (lengths from its offsets).
+        seq_len: width of the per-sample tensors; required with lengths; for a nested tensor,
+            defaults to its longest sample.
+        num_experts: experts per MoE layer (probed as ``num_moe_experts``); lets :func:`pack`
+            spread padding rows over all experts.
+
+    An empty batch, or one whose samples all have length 0, gives a layout of 0 tokens:
+    :func:`pack` returns ``[0, *rest]`` and :func:`unpack` a grid filled with ``fill``.
         config: a ``TransformerConfig`` or any object; ``fp8``, ``tensor_model_parallel_size`` and
             ``context_parallel_size`` are probed on it (absent means no FP8, size 1).
         tp_size, cp_size, fp8_padding: override what ``config`` says.
@@ -142,10 +199,11 @@ def thd_layout(
     if tp < 1 or cp < 1:
         raise ValueError(f"tp_size and cp_size must be >= 1; got tp_size={tp}, cp_size={cp}")
     fp8 = uses_fp8_padding(config) if fp8_padding is None else bool(fp8_padding)
+    experts = num_experts if num_experts is not None else get_field(config, "num_moe_experts", None)
     align = tp * cp * 2 if cp > 1 else tp
     sequence_align = math.lcm(_FP8_SEQUENCE_MULTIPLE, align) if fp8 else align
 
-    mask = _as_mask(valid, seq_len, device)
+    mask, given_lengths = _as_mask(valid, seq_len, device)
     batch, width = mask.shape
     dev = mask.device
     mask_long = mask.long()
@@ -178,8 +236,14 @@ def thd_layout(
     counts = torch.zeros(cp, dtype=torch.long, device=dev).scatter_add_(
         0, owner.clamp(0, cp - 1).flatten(), mask_long.flatten()
     )
-    host = torch.cat([cu_padded[-1:], counts]).tolist()
-    total, tokens_per_rank = int(host[0]), tuple(int(n) for n in host[1:])
+    parts = [cu_padded[-1:], counts]
+    check = given_lengths is not None and given_lengths.numel() > 0
+    if check:
+        parts.append(torch.stack([given_lengths.min(), given_lengths.max()]).to(dev))
+    host = torch.cat(parts).tolist()
+    if check:
+        _check_lengths(given_lengths, int(host[-2]), int(host[-1]), width)
+    total, tokens_per_rank = int(host[0]), tuple(int(n) for n in host[1 : 1 + cp])
     local = total // cp
 
     flat_mask = mask.flatten()
@@ -192,7 +256,8 @@ def thd_layout(
     is_token = torch.zeros(total, dtype=torch.bool, device=dev)
     is_token.index_fill_(0, global_slot[valid_cells], True)  # not `[...] = True`: that syncs on CUDA
     cell_of_slot = torch.zeros(total, dtype=torch.long, device=dev)
-    cell_of_slot[global_slot[valid_cells]] = valid_cells
+    slot_of_token = global_slot[valid_cells]
+    cell_of_slot[slot_of_token] = valid_cells
     padding_slots = tuple(
         torch.nonzero_static(~is_token[r * local : (r + 1) * local], size=local - tokens_per_rank[r])
         .squeeze(1)
@@ -203,12 +268,41 @@ def thd_layout(
         sequence_align=sequence_align, lengths=lengths, cu_seqlens=cu_seqlens,
         cu_seqlens_padded=cu_padded, total_tokens=total, tokens_per_rank=tokens_per_rank,
         slot_of_cell=slot_of_cell, invalid_cells=invalid_cells, cell_of_slot=cell_of_slot,
-        padding_slots=padding_slots,
+        padding_slots=padding_slots, slot_of_token=slot_of_token,
+        num_experts=int(experts) if isinstance(experts, int) and experts > 0 else None,
     )
 
 
-def _fill_row(fill: Fill, trailing: torch.Size, like: torch.Tensor) -> torch.Tensor:
-    """The value padding slots get, broadcastable to one token's ``trailing`` shape."""
+def _fill_rows_for(
+    fill: Fill, trailing: torch.Size, like: torch.Tensor, slots: torch.Tensor, num_experts: Optional[int]
+) -> torch.Tensor:
+    """What padding rows (``slots``: their ordinals among all padding rows) get, broadcastable to
+    ``[len(slots), *trailing]``.
+
+    - ``"spread"``: padding row ``s`` replays experts ``(s * k + i) % num_experts`` for ``i < k``: distinct
+      experts in every row, and over consecutive padding slots every expert (so every EP rank, which
+      owns a contiguous block of experts) gets an equal share. Zero-filled padding instead sends every
+      padded token to expert 0 and EP rank 0 (verl #7524).
+    - ``"distinct"``: experts ``0..k-1`` in every padding row (never one expert twice).
+    - ``"auto"`` (default): ``"spread"`` when the number of experts is known, else ``"distinct"``.
+    - an integer: that value everywhere.
+    """
+    if fill == "auto":
+        fill = "spread" if num_experts is not None and len(trailing) > 0 else "distinct"
+    if fill == "spread":
+        if num_experts is None:
+            raise ValueError(
+                "fill='spread' needs the number of experts: pass num_experts= to thd_layout or pack, "
+                "or a config with num_moe_experts"
+            )
+        if len(trailing) == 0:
+            raise ValueError("fill='spread' needs a trailing [..., topk] dimension")
+        topk = trailing[-1]
+        if topk > num_experts:
+            raise ValueError(f"cannot spread top-{topk} padding rows over {num_experts} experts")
+        experts = (slots.unsqueeze(1) * topk + torch.arange(topk, device=slots.device)) % num_experts
+        shape = (slots.shape[0],) + (1,) * (len(trailing) - 1) + (topk,)
+        return experts.view(shape).expand(slots.shape[0], *trailing).to(like.dtype)
     if fill == "distinct":
         if len(trailing) == 0:
             return torch.zeros((), dtype=like.dtype, device=like.device)
@@ -216,7 +310,7 @@ def _fill_row(fill: Fill, trailing: torch.Size, like: torch.Tensor) -> torch.Ten
         # the routing map below tokens * topk; distinct experts keep every count exact.
         return torch.arange(trailing[-1], device=like.device).to(like.dtype).expand(trailing)
     if isinstance(fill, str):
-        raise ValueError(f"fill must be an int or 'distinct'; got {fill!r}")
+        raise ValueError(f"fill must be an int, 'auto', 'spread' or 'distinct'; got {fill!r}")
     return torch.full(trailing, fill, dtype=like.dtype, device=like.device)
 
 
@@ -225,28 +319,61 @@ def pack(
     layout: ThdLayout,
     *,
     cp_rank: Optional[int] = None,
-    fill: Fill = "distinct",
+    fill: Fill = "auto",
+    num_experts: Optional[int] = None,
 ) -> torch.Tensor:
     """``[batch, seq, *rest]`` to the packed order: ``[local_tokens, *rest]`` of ``cp_rank``.
 
-    With ``cp_rank=None`` and CP > 1, returns every rank's tensor: ``[cp, local_tokens, *rest]``.
-    Padding slots get ``fill``: by default ``0, 1, ..., k-1`` along the last dimension (distinct
-    experts for a ``[..., topk]`` index tensor), else the given integer.
+    ``per_sample`` may also be a jagged nested tensor ``[batch, j, *rest]`` (verl's form): its
+    values are the tokens of each sample in order. With ``cp_rank=None`` and CP > 1, returns every
+    rank's tensor: ``[cp, local_tokens, *rest]``. Padding slots get ``fill`` (see
+    :func:`_fill_rows_for`; by default spread over all experts when ``num_experts`` is known, on
+    the layout or here).
     """
-    _check_grid(per_sample, layout)
-    trailing = per_sample.shape[2:]
-    rows = per_sample.reshape(layout.batch_size * layout.seq_len, *trailing)
-    fill_row = _fill_row(fill, trailing, per_sample)
+    experts = num_experts if num_experts is not None else layout.num_experts
+    if per_sample.is_nested:
+        rows, trailing = _nested_rows(per_sample, layout)
+        source_of_slot = _token_of_slot(layout)
+    else:
+        _check_grid(per_sample, layout)
+        trailing = per_sample.shape[2:]
+        rows = per_sample.reshape(layout.batch_size * layout.seq_len, *trailing)
+        source_of_slot = layout.cell_of_slot
     local = layout.local_tokens
     ranks = range(layout.cp_size) if cp_rank is None else (_check_rank(cp_rank, layout),)
     packed = []
     for rank in ranks:  # CP ranks, not samples
-        out = rows.index_select(0, layout.cell_of_slot[rank * local : (rank + 1) * local])
-        out[layout.padding_slots[rank]] = fill_row
+        if rows.shape[0] == 0:
+            out = rows.new_empty((local, *trailing))
+        else:
+            out = rows.index_select(0, source_of_slot[rank * local : (rank + 1) * local])
+        slots = layout.padding_slots[rank]
+        # Padding rows numbered over all ranks in order: consecutive numbers spread evenly.
+        first = sum(local - layout.tokens_per_rank[r] for r in range(rank))
+        ordinal = torch.arange(first, first + slots.shape[0], device=slots.device)
+        out[slots] = _fill_rows_for(fill, trailing, rows, ordinal, experts)
         packed.append(out)
     if cp_rank is not None or layout.cp_size == 1:
         return packed[0]
     return torch.stack(packed)
+
+
+def _nested_rows(nested: torch.Tensor, layout: ThdLayout) -> tuple[torch.Tensor, torch.Size]:
+    lengths = _nested_lengths(nested)
+    if lengths.shape[0] != layout.batch_size or not torch.equal(lengths.to(layout.lengths.device), layout.lengths):
+        raise ValueError(
+            f"the nested tensor's sample lengths {lengths.tolist()[:8]} differ from the layout's "
+            f"{layout.lengths.tolist()[:8]}: build the layout from the same batch"
+        )
+    values = nested.values()
+    return values, values.shape[1:]
+
+
+def _token_of_slot(layout: ThdLayout) -> torch.Tensor:
+    """[total_tokens] the token ordinal (sample-major) each slot holds, 0 for padding slots."""
+    token_of_slot = torch.zeros(layout.total_tokens, dtype=torch.long, device=layout.slot_of_token.device)
+    token_of_slot[layout.slot_of_token] = torch.arange(layout.slot_of_token.shape[0], device=token_of_slot.device)
+    return token_of_slot
 
 
 def unpack(
@@ -254,13 +381,23 @@ def unpack(
     layout: ThdLayout,
     *,
     fill: int = 0,
+    nested: bool = False,
 ) -> torch.Tensor:
     """Packed ``[tokens, *rest]`` back to ``[batch, seq, *rest]``; cells without a token get ``fill``.
 
-    Under CP, pass every rank's tensor (gathered by the caller): ``[cp, local_tokens, *rest]`` or a
-    list of ``cp`` tensors in rank order. Under sequence parallelism, gather the TP shards first.
+    With ``nested=True``, returns a jagged nested tensor ``[batch, j, *rest]`` of the tokens only
+    (verl's form; ``fill`` is unused). Under CP, pass every rank's tensor (gathered by the
+    caller): ``[cp, local_tokens, *rest]`` or a list of ``cp`` tensors in rank order. Under
+    sequence parallelism, gather the TP shards first.
     """
     rows = _all_slots(packed, layout)
+    if nested:
+        values = rows.index_select(0, layout.slot_of_token)
+        offsets = layout.cu_seqlens.to(values.device)
+        return torch.nested.nested_tensor_from_jagged(values, offsets=offsets)
+    if rows.shape[0] == 0 or layout.slot_of_cell.numel() == 0 or rows[0].numel() == 0:
+        # Nothing packed (empty batch, every sample of length 0) or nothing per token: all fill.
+        return rows.new_full((layout.batch_size, layout.seq_len, *rows.shape[1:]), fill)
     out = rows.index_select(0, layout.slot_of_cell)
     _fill_rows(out.view(out.shape[0], -1), layout.invalid_cells, fill)
     return out.view(layout.batch_size, layout.seq_len, *rows.shape[1:])
@@ -283,6 +420,12 @@ def sequence_parallel_shard(packed: torch.Tensor, layout: ThdLayout, tp_rank: in
     """The rows a router on ``tp_rank`` sees under sequence parallelism (a contiguous slice)."""
     if not 0 <= tp_rank < layout.tp_size:
         raise ValueError(f"tp_rank {tp_rank} is outside tensor-parallel size {layout.tp_size}")
+    if packed.shape[0] % layout.tp_size:
+        raise ValueError(
+            f"{packed.shape[0]} packed rows do not split evenly over tensor-parallel size "
+            f"{layout.tp_size}: pack with the layout the model input was built with (it pads every "
+            "sample to a multiple of tp)"
+        )
     per_rank = packed.shape[0] // layout.tp_size
     return packed[tp_rank * per_rank : (tp_rank + 1) * per_rank]
 

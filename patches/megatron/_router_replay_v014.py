@@ -57,7 +57,8 @@ def wrap_routing(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def routing(self: Any, logits: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         replay = getattr(self, "router_replay", None)
-        if replay is None or replay.router_replay_action is None:
+        # Another framework's replay object (verl's patched_init) is its business: stand aside.
+        if not isinstance(replay, RouterReplay) or replay.router_replay_action is None:
             return original(self, logits, *args, **kwargs)
         token = _active_replay.set(replay)
         try:
@@ -85,7 +86,7 @@ def wrap_topk_routing(original: Callable[..., Any]) -> Callable[..., Any]:
         router_replay: Optional[RouterReplay] = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         replay = router_replay if router_replay is not None else _active_replay.get()
-        if replay is None or replay.router_replay_action is None:
+        if not isinstance(replay, RouterReplay) or replay.router_replay_action is None:
             return original(
                 logits, topk, use_pre_softmax=use_pre_softmax, num_groups=num_groups,
                 group_topk=group_topk, scaling_factor=scaling_factor,

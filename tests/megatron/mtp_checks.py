@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -77,18 +78,183 @@ def assert_attached_mtp_losses_match_upstream(
     torch.testing.assert_close(tracked_mtp_losses(), upstream_tracked, atol=ATOL, rtol=0)
 
 
-def assert_trainer_gradients_match_upstream(model: Any, batch: Batch) -> None:
-    """Upstream's loss path and (patched logits -> upstream CE) must give the same gradients."""
+OUTPUT_WEIGHT = "output_layer.weight"
+
+
+@contextlib.contextmanager
+def output_head(choice: str) -> Iterator[None]:
+    """The process-wide MTP output-head option set to ``choice`` for the block."""
+    from patchkit.patches.megatron import _mtp_options
+
+    _mtp_options.configure(output_head=choice)
+    try:
+        yield
+    finally:
+        _mtp_options.reset_default()
+
+
+def assert_trainer_gradients_match_upstream(model: Any, batch: Batch, head: str = "trained") -> None:
+    """Upstream's loss path and (patched logits -> upstream CE) must give the same gradients.
+
+    With ``head="trained"`` (upstream's choice) every gradient equals upstream's. With
+    ``"detached"`` every gradient but the output layer's equals upstream's, and the output layer's
+    differs from upstream's (which includes the MTP loss's share).
+    """
     import patchkit
 
     (run(model, batch) * batch.loss_mask).sum().backward()
     upstream_grads = gradients(model)
     model.zero_grad(set_to_none=True)
 
-    with patchkit.applied("megatron.mtp_postprocess"):
+    with output_head(head), patchkit.applied("megatron.mtp_postprocess"):
         logits = run(model, batch)
-    (token_loss_from_logits(model, batch, logits) * batch.loss_mask).sum().backward()
-    ours = gradients(model)
+        (token_loss_from_logits(model, batch, logits) * batch.loss_mask).sum().backward()
+        ours = gradients(model)
     assert ours.keys() == upstream_grads.keys() == {n for n, _ in model.named_parameters()}
     for name, grad in ours.items():
+        if head == "detached" and name == OUTPUT_WEIGHT:
+            continue
         torch.testing.assert_close(grad, upstream_grads[name], atol=ATOL, rtol=0, msg=name)
+    if head == "detached":
+        with torch.no_grad():
+            mtp_share = upstream_grads[OUTPUT_WEIGHT] - ours[OUTPUT_WEIGHT]
+        assert float(mtp_share.abs().sum()) > 0, "upstream's MTP loss should have moved the output layer"
+
+
+def mtp_only_backward(model: Any, batch: Batch) -> None:
+    """A trainer loss that ignores the logits: every gradient afterwards is the attached MTP loss's."""
+    (run(model, batch) * 0.0).sum().backward()
+
+
+def grad_magnitude(param: torch.nn.Parameter) -> float:
+    return 0.0 if param.grad is None else float(param.grad.abs().sum())
+
+
+def assert_output_head_untouched_and_mtp_trains(model: Any) -> None:
+    for name, param in model.named_parameters():
+        if name.startswith("output_layer."):
+            assert grad_magnitude(param) == 0.0, f"{name} got MTP gradient {grad_magnitude(param)}"
+    for name, param in mtp_parameters(model).items():
+        assert grad_magnitude(param) > 0, f"{name} got no gradient from the MTP loss"
+
+
+def assert_all_gradients_finite(model: Any) -> None:
+    bad = [n for n, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
+    assert not bad, f"non-finite gradients in {bad}"
+
+
+def context_parallel_zero_mask_rank(rank: int, world_size: int, port: int, patched: bool, results: Any) -> None:
+    """One rank of a CP=2 gloo job: rank 1 holds only masked tokens; report finiteness per rank.
+
+    The local (non-TE) attention cannot run context parallelism, so the decoder is left out: the
+    main hidden states are a leaf standing in for the decoder's output shard, and the postprocess
+    runs upstream's MTP block (its embedding roll over the CP group included) and the MTP loss.
+    """
+    import os
+
+    from cpu_harness import cpu_megatron
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+    from tiny_gpt import build_tiny_gpt, make_batch
+
+    import patchkit
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.distributed.init_process_group(backend="gloo", rank=rank, world_size=world_size)
+    try:
+        with cpu_megatron():
+            parallel_state.initialize_model_parallel(context_parallel_size=2)
+            model_parallel_cuda_manual_seed(1234)
+            model = build_tiny_gpt(mtp_num_layers=1)
+            batch = make_batch(seq_len=16)
+            # Upstream's CP layout: each rank holds chunks (rank, 2*cp-1-rank) of 4.
+            chunks = [slice(4 * i, 4 * i + 4) for i in (rank, 3 - rank)]
+
+            def shard(t: torch.Tensor) -> torch.Tensor:
+                return torch.cat([t[:, c] for c in chunks], dim=1)
+
+            loss_mask = shard(batch.loss_mask) * (0.0 if rank == 1 else 1.0)
+            if rank == 0:
+                loss_mask[:, 4] = 0.0  # chunk 3's first token rolls into rank 1's shard: mask it too
+            hidden = torch.randn(8, batch.input_ids.shape[0], 64, generator=torch.Generator().manual_seed(rank),
+                                 requires_grad=True)
+            causal = torch.ones(8, 8, dtype=torch.bool).triu(1).view(1, 1, 8, 8)
+            context = patchkit.applied("megatron.mtp_postprocess") if patched else contextlib.nullcontext()
+            with context:
+                logits = model._postprocess(
+                    hidden_states=hidden, input_ids=shard(batch.input_ids), position_ids=shard(batch.position_ids),
+                    labels=shard(batch.labels), rotary_pos_emb=None, rotary_pos_cos=None, rotary_pos_sin=None,
+                    mtp_in_postprocess=True, loss_mask=loss_mask, attention_mask=causal,
+                )
+            if not patched:  # upstream returns the LM loss; make it a trainer-style sum
+                loss = (logits * loss_mask).sum()
+            else:
+                per_token = model.compute_language_model_loss(shard(batch.labels), logits.transpose(0, 1).contiguous())
+                loss = (per_token * loss_mask).sum()
+            loss.backward()
+            finite = bool(torch.isfinite(loss)) and bool(torch.isfinite(hidden.grad).all()) and all(
+                torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None
+            )
+            mtp_trained = any(p.grad is not None and p.grad.abs().sum() > 0
+                              for n, p in model.named_parameters() if n.startswith("mtp."))
+            results.put((rank, finite, mtp_trained))
+            parallel_state.destroy_model_parallel()
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def tensor_parallel_mtp_rank(rank: int, world_size: int, port: int, results: Any) -> None:
+    """One rank of a TP=2 gloo job (vocab-parallel output layer): MTP losses and head gradients.
+
+    Reports, per rank: whether the attached MTP losses equal upstream's (same model, unpatched
+    run first), the output-layer shard's MTP-only gradient magnitude with the head detached
+    (default) and trained, and whether every MTP parameter got gradient.
+    """
+    import os
+
+    from cpu_harness import cpu_megatron
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+    from megatron.core.transformer.multi_token_prediction import MTPLossAutoScaler, MTPLossLoggingHelper
+    from tiny_gpt import build_tiny_gpt, make_batch
+
+    import patchkit
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.distributed.init_process_group(backend="gloo", rank=rank, world_size=world_size)
+    attached: list[torch.Tensor] = []
+    original_apply = MTPLossAutoScaler.apply
+
+    def recording_apply(output: torch.Tensor, mtp_loss: torch.Tensor) -> torch.Tensor:
+        attached.append(mtp_loss.detach().clone())
+        return original_apply(output, mtp_loss)
+
+    MTPLossAutoScaler.apply = recording_apply
+    try:
+        with cpu_megatron():
+            parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
+            model_parallel_cuda_manual_seed(1234)
+            model = build_tiny_gpt(mtp_num_layers=2, tensor_model_parallel_size=2)
+            batch = make_batch()
+            run(model, batch)
+            upstream = list(attached)
+            attached.clear()
+            head_grads = {}
+            for head in ("detached", "trained"):
+                model.zero_grad(set_to_none=True)
+                with output_head(head), patchkit.applied("megatron.mtp_postprocess"):
+                    mtp_only_backward(model, batch)
+                head_grads[head] = grad_magnitude(model.output_layer.weight)
+            equal = len(attached) == 2 * len(upstream) and all(
+                torch.allclose(ours, theirs, atol=ATOL, rtol=0)
+                for ours, theirs in zip(attached, upstream * 2, strict=True)
+            )
+            mtp_trained = all(grad_magnitude(p) > 0 for p in mtp_parameters(model).values())
+            results.put((rank, equal, head_grads["detached"], head_grads["trained"] > 0, mtp_trained))
+            MTPLossLoggingHelper.tracker.clear()
+            parallel_state.destroy_model_parallel()
+    finally:
+        MTPLossAutoScaler.apply = original_apply
+        torch.distributed.destroy_process_group()

@@ -13,8 +13,15 @@ NUM_EXPERTS = 8
 TOPK = 2
 
 
-def build_tiny_moe(max_sequence_length: int = 32, seed: int = 0, **overrides: Any):
+def build_tiny_moe(
+    max_sequence_length: int = 32, seed: int = 0, *, pre_process: bool = True, post_process: bool = True,
+    vp_stage: int | None = None, **overrides: Any,
+):
     """2-layer, hidden-64 GPT whose MLPs are 8-expert top-2 MoE layers with replay enabled.
+
+    ``moe_layer_freq`` (a hybrid dense/MoE stack) builds from upstream's decoder block spec;
+    ``mtp_num_layers`` adds upstream's MTP block (MoE MLPs too). ``pre_process`` /
+    ``post_process`` / ``vp_stage`` build one pipeline (virtual) stage.
 
     Sigmoid scores with an expert bias: the bias changes which experts are selected but not the
     probabilities of the selected ones, so a replay after changing the bias must reproduce the
@@ -44,11 +51,32 @@ def build_tiny_moe(max_sequence_length: int = 32, seed: int = 0, **overrides: An
     config = TransformerConfig(**kwargs)
     replay.enable(config)
     torch.manual_seed(seed)
+    layer_spec = get_gpt_layer_local_spec(num_experts=NUM_EXPERTS, moe_grouped_gemm=False)
+    extra: dict[str, Any] = {}
+    if "moe_layer_freq" in overrides:
+        import inspect
+
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+
+        spec_kwargs: dict[str, Any] = {"use_transformer_engine": False}
+        if vp_stage is not None and "vp_stage" in inspect.signature(get_gpt_decoder_block_spec).parameters:
+            spec_kwargs["vp_stage"] = vp_stage
+        layer_spec = get_gpt_decoder_block_spec(config, **spec_kwargs)
+    if overrides.get("mtp_num_layers"):
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_mtp_block_spec
+
+        mtp_layer = get_gpt_layer_local_spec(num_experts=NUM_EXPERTS, moe_grouped_gemm=False)
+        extra["mtp_block_spec"] = get_gpt_mtp_block_spec(config, mtp_layer, use_transformer_engine=False)
+    if vp_stage is not None:
+        extra["vp_stage"] = vp_stage
     return GPTModel(
         config=config,
-        transformer_layer_spec=get_gpt_layer_local_spec(num_experts=NUM_EXPERTS, moe_grouped_gemm=False),
+        transformer_layer_spec=layer_spec,
         vocab_size=VOCAB_SIZE,
         max_sequence_length=max_sequence_length,
+        pre_process=pre_process,
+        post_process=post_process,
+        **extra,
     )
 
 

@@ -35,11 +35,7 @@ pytestmark = pytest.mark.usefixtures("empty_mtp_tracker")
 
 
 def test_patch_reports_the_variant_for_this_release(megatron_cpu: None) -> None:
-    expected = (
-        "inline-mtp-loss" if MCORE < Version("0.17") else
-        "process-mtp-loss" if MCORE < Version("0.18") else
-        "output-processor"
-    )
+    expected = "inline-mtp-loss" if MCORE < Version("0.17") else "process-mtp-loss"
     with patchkit.applied("megatron.mtp_postprocess", "megatron.mtp_detach_inputs") as records:
         by_id = {record.id: record for record in records}
     assert by_id["megatron.mtp_postprocess"].state.value == "applied", by_id["megatron.mtp_postprocess"]
@@ -74,12 +70,15 @@ def test_attached_mtp_losses_equal_upstreams(
     assert_attached_mtp_losses_match_upstream(model, batch, attached_mtp_losses, mtp_num_layers)
 
 
+@pytest.mark.parametrize("head", ["trained", "detached"])
 @pytest.mark.parametrize("mtp_num_layers", [1, 2])
 def test_trainer_loss_on_patched_logits_gives_upstreams_gradients(
-    tiny_gpt: Callable[..., Any], batch: Batch, mtp_num_layers: int
+    tiny_gpt: Callable[..., Any], batch: Batch, mtp_num_layers: int, head: str
 ) -> None:
+    # "trained" is upstream's output-head choice: every gradient equal. "detached" (the default):
+    # every gradient but the output layer's equal.
     model = tiny_gpt(mtp_num_layers=mtp_num_layers)
-    assert_trainer_gradients_match_upstream(model, batch)
+    assert_trainer_gradients_match_upstream(model, batch, head=head)
 
 
 @pytest.mark.parametrize("mtp_num_layers", [1, 2])
@@ -108,20 +107,30 @@ def test_without_mtp_patched_forward_equals_upstream(tiny_gpt: Callable[..., Any
 
 
 @pytest.mark.parametrize("training", [True, False])
-def test_labels_none_behaves_exactly_like_upstream(
-    tiny_gpt: Callable[..., Any], batch: Batch, training: bool
+def test_labels_none_returns_main_head_logits(
+    tiny_gpt: Callable[..., Any], batch: Batch, attached_mtp_losses: list[torch.Tensor], training: bool
 ) -> None:
-    # Upstream 0.14-0.16 raise here (they clone labels for MTP); 0.17+ return logits, 0.19 also
-    # derives MTP labels from input_ids. Whatever upstream does, the patch must do the same.
+    # A reference-model log-prob pass calls forward without labels. Upstream 0.14-0.16 raise there
+    # (they clone labels for MTP); the patch returns the main-head logits and skips MTP, as 0.17-0.18
+    # do. 0.19+ derive MTP labels from input_ids (upstream's RL path): kept, same logits.
     model = tiny_gpt(mtp_num_layers=1)
     model.train(training)
     upstream = outcome(lambda: run(model, batch, labels=False))
+    upstream_attached = len(attached_mtp_losses)
+    attached_mtp_losses.clear()
     with patchkit.applied("megatron.mtp_postprocess"):
-        patched = outcome(lambda: run(model, batch, labels=False))
-    if isinstance(upstream, torch.Tensor):
-        assert isinstance(patched, torch.Tensor) and torch.equal(patched, upstream)
+        patched = run(model, batch, labels=False).detach()
+        with_labels = run(model, batch).detach()
+    assert patched.shape == (*batch.labels.shape, VOCAB_SIZE)
+    assert torch.equal(patched, with_labels)  # the main head's logits, whatever MTP does
+    if MCORE < Version("0.17"):
+        assert upstream is AttributeError
+        assert len(attached_mtp_losses) == 1  # only the labelled call attached an MTP loss
     else:
-        assert patched is upstream
+        assert isinstance(upstream, torch.Tensor) and torch.equal(patched, upstream)
+        derived = MCORE >= Version("0.19")
+        assert upstream_attached == (1 if derived else 0)
+        assert len(attached_mtp_losses) == (2 if derived else 1)
 
 
 def test_eval_mode_with_labels_returns_logits_and_logs_nothing(tiny_gpt: Callable[..., Any], batch: Batch) -> None:
@@ -218,7 +227,8 @@ def test_apply_all_installs_both_mtp_patches_only_when_enabled(
     originals = (GPTModel.__dict__["_postprocess"], MultiTokenPredictionLayer.__dict__["_get_embeddings"])
     engine = patchkit.Engine()
     for patch in declaration.PATCHES:
-        engine.register(patch, "patchkit.patches.megatron")
+        if patch.id != "megatron.mtp_recompute":  # not opt-in: applied by apply_all regardless
+            engine.register(patch, "patchkit.patches.megatron")
     try:
         records = {record.id: record for record in engine.apply_all(environ=environ)}
         for patch_id in ("megatron.mtp_postprocess", "megatron.mtp_detach_inputs"):

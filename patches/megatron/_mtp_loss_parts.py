@@ -1,0 +1,65 @@
+"""Pieces every MTP postprocess variant shares: the output head the MTP loss sees, and its CP group.
+
+- :func:`mtp_output_layer`: the output layer as the MTP loss calls it. With the output head
+  detached, every parameter of the layer (weight, a bias if one exists) and a shared embedding
+  weight passed in as ``weight=`` are cut from the graph through ``torch.func.functional_call``,
+  so the logits' values are exactly the head's while no MTP gradient reaches it. Detaching only
+  ``weight`` (verl #6432's first form) would leave an output-layer bias trained; upstream's
+  ``GPTModel`` builds its output layer with ``bias=False``, but a model that swaps in its own head
+  may have one. ``ColumnParallelLinear`` sees a weight that does not require grad and takes its
+  frozen-weight path, so no weight-gradient buffer is touched.
+- :func:`mtp_cp_group`: dynamic context parallelism hands the batch's CP group in
+  ``packed_seq_params.cp_group`` (megatron-core 0.16+); the MTP label/mask roll must use that
+  group, not the model's static one, or it exchanges boundary tokens with the wrong ranks.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+
+
+class DetachedOutputLayer:
+    """Calls ``layer`` with all its parameters detached; other attributes read through to ``layer``.
+
+    Upstream code given this object in place of the output layer (``process_mtp_loss`` reads
+    ``output_layer.weight`` and, in 0.19, passes it to its acceptance counter) sees the real layer's
+    attributes; only the call differs.
+    """
+
+    def __init__(self, layer: torch.nn.Module) -> None:
+        self._layer = layer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._layer, name)
+
+    def __call__(self, hidden_states: Tensor, *args: Any, weight: Optional[Tensor] = None, **kwargs: Any) -> Any:
+        detached = {name: param.detach() for name, param in self._layer.named_parameters()}
+        if weight is not None:
+            weight = weight.detach()
+        return torch.func.functional_call(
+            self._layer, detached, (hidden_states, *args), {"weight": weight, **kwargs}, strict=False
+        )
+
+
+def mtp_output_layer(model: Any, detach: bool) -> Any:
+    """``model.output_layer``, or a detached view of it when the MTP loss must not train the head."""
+    return DetachedOutputLayer(model.output_layer) if detach else model.output_layer
+
+
+def mtp_cp_group(packed_seq_params: Any, static_group: Any) -> Any:
+    """The batch's CP group when dynamic CP sets one, else the model's own."""
+    dynamic = getattr(packed_seq_params, "cp_group", None) if packed_seq_params is not None else None
+    return dynamic if dynamic is not None else static_group
+
+
+def safe_token_count(num_tokens: Tensor) -> Tensor:
+    """``num_tokens`` clamped to at least 1: a rank or micro-batch with no loss token divides by 1.
+
+    Its loss is all zeros then, so the result is 0 with a finite gradient instead of 0/0 = NaN
+    (verl #6464: a CP rank holding only masked tokens). Upstream clamps the same way from 0.17.
+    No host sync: the clamp stays on the device.
+    """
+    return num_tokens.clamp(min=1)

@@ -1,0 +1,130 @@
+"""MTP for one model at a time: the policy model gets the RL behaviour, a reference model keeps upstream's.
+
+The declared patches (``megatron.mtp_postprocess``, ``megatron.mtp_detach_inputs``) change the
+``GPTModel`` / ``MultiTokenPredictionLayer`` classes, so every model of the process. A trainer that
+also holds a frozen reference model may want the behaviour on the policy only::
+
+    from patchkit.patches.megatron import mtp_api
+
+    mtp_api.enable(policy_chunks)                      # logits out, MTP trains, output head detached
+    mtp_api.enable(policy_chunks, detach_inputs=True)  # ... and no MTP gradient into the backbone
+    mtp_api.disable(reference_model)                   # upstream's behaviour even if patched globally
+
+``enable`` binds the patched methods to the given model instances only (the class is untouched),
+using the variant of the installed megatron-core that the declaration selects, and marks them with
+their options; ``disable`` marks a model so that the process-wide patch, if applied, leaves it to
+upstream. Both take a ``GPTModel``, anything wrapping one through ``.module`` (DDP,
+``Float16Module``) or a list of model chunks, and return the ``GPTModel`` instances they changed.
+Process-wide, the default output-head choice is ``PATCHKIT_MTP_OUTPUT_HEAD`` or :func:`configure`.
+
+This module imports neither torch nor megatron until a function is called. It sits among the
+catalogue's declaration modules and so declares ``PATCHES``, empty.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Iterable
+from typing import Any
+
+from ._mtp_options import (
+    LAYER_MARK,
+    MODEL_MARK,
+    MTPOptionError,
+    MTPOptions,
+    check_output_head,
+    configure,
+    default_options,
+    options_for,
+)
+
+PATCHES: tuple = ()
+
+__all__ = ["MTPModelError", "MTPOptionError", "MTPOptions", "configure", "disable", "enable", "options_for"]
+
+_DECLARATION_PACKAGE = "patchkit.patches.megatron"
+_POSTPROCESS_PATCH = "megatron.mtp_postprocess"
+_DETACH_PATCH = "megatron.mtp_detach_inputs"
+
+
+class MTPModelError(TypeError):
+    """``enable``/``disable`` was given something that holds no megatron ``GPTModel``."""
+
+
+def _gpt_models(model: Any) -> list[Any]:
+    from megatron.core.models.gpt.gpt_model import GPTModel
+
+    chunks = list(model) if isinstance(model, (list, tuple)) else [model]
+    found = []
+    for chunk in chunks:
+        inner = chunk
+        while not isinstance(inner, GPTModel) and hasattr(inner, "module"):
+            inner = inner.module
+        if not isinstance(inner, GPTModel):
+            raise MTPModelError(
+                f"expected a megatron GPTModel (or a wrapper with .module, or a list of chunks); "
+                f"found {type(chunk).__name__} holding {type(inner).__name__}"
+            )
+        found.append(inner)
+    return found
+
+
+def _mtp_layers(gpt: Any) -> Iterable[Any]:
+    mtp = getattr(gpt, "mtp", None)
+    return list(getattr(mtp, "layers", ())) if mtp is not None else []
+
+
+def _factory(patch_id: str) -> Any:
+    """The ``Wrap`` factory of the variant the declaration selects for the installed megatron-core."""
+    from patchkit.runtime.errors import PatchkitError
+    from patchkit.runtime.installer import resolve_reference
+    from patchkit.runtime.versions import Outcome, installed_version, select_variant
+
+    from .mtp_postprocess import PATCHES as DECLARED
+
+    patch = next(p for p in DECLARED if p.id == patch_id)
+    versions = {dist: installed_version(dist, patch.version_modules.get(dist)) for dist in patch.distributions}
+    selection = select_variant(patch, versions)
+    if selection.outcome is not Outcome.SELECTED or selection.variant is None:
+        raise PatchkitError(f"{patch_id} cannot be enabled per model here: {selection.detail}")
+    (action,) = selection.variant.installs
+    return resolve_reference(action.factory, _DECLARATION_PACKAGE)
+
+
+def _bind(instance: Any, method: str, factory: Any) -> None:
+    unbound = getattr(type(instance), method)
+    setattr(instance, method, types.MethodType(factory(unbound), instance))
+
+
+def enable(model: Any, *, output_head: str | None = None, detach_inputs: bool = False) -> list[Any]:
+    """Give ``model`` (and only it) the MTP postprocess behaviour, with its own options.
+
+    ``output_head``: ``"detached"`` or ``"trained"`` (see ``_mtp_options``); default: the process
+    default. ``detach_inputs``: also detach the MTP layers' inputs (``megatron.mtp_detach_inputs``
+    for this model only). Calling it again replaces the options; the methods are bound once.
+    """
+    head = check_output_head(output_head, "enable(output_head=...)") if output_head else default_options().output_head
+    models = _gpt_models(model)
+    postprocess = _factory(_POSTPROCESS_PATCH)
+    detach = _factory(_DETACH_PATCH) if detach_inputs else None
+    for gpt in models:
+        if not isinstance(getattr(gpt, MODEL_MARK, None), MTPOptions) or "_postprocess" not in vars(gpt):
+            _bind(gpt, "_postprocess", postprocess)
+        setattr(gpt, MODEL_MARK, MTPOptions(enabled=True, output_head=head))
+        for layer in _mtp_layers(gpt):
+            if detach is not None and "_get_embeddings" not in vars(layer):
+                _bind(layer, "_get_embeddings", detach)
+            setattr(layer, LAYER_MARK, detach_inputs)
+    return models
+
+
+def disable(model: Any) -> list[Any]:
+    """Leave ``model`` to upstream: per-model bindings removed, the process-wide patches skip it."""
+    models = _gpt_models(model)
+    for gpt in models:
+        vars(gpt).pop("_postprocess", None)
+        setattr(gpt, MODEL_MARK, MTPOptions(enabled=False))
+        for layer in _mtp_layers(gpt):
+            vars(layer).pop("_get_embeddings", None)
+            setattr(layer, LAYER_MARK, False)
+    return models

@@ -1,0 +1,273 @@
+"""Router replay across real spawned ranks (gloo, CPU): PP=2, PP=2 x VPP=2, TP=2 with sequence
+parallelism, EP=2, CP=2. Each scenario records in one forward, changes every router's expert
+bias (so fresh routing differs), replays in another forward, and every rank checks its routing
+maps equal the recorded ones. Indices move between ranks only through ``router_replay_api``:
+the pipeline gather / merge by layer number, the sequence-parallel gather and shard, CP unpack/pack.
+
+Run as a script, this file is one rank (``python test_router_replay_distributed.py RANK WORLD PORT OUT``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("megatron.core")
+
+SCENARIOS = ("pp2", "vpp2", "tp2_sp", "cp2")
+# EP=2 is not in the list: on gloo, megatron-core's all-to-all dispatcher hands torch tensors as
+# split sizes to all_to_all_single ("alltoall_base(): incompatible function arguments"); on CUDA
+# they are moved to the host first. Not proven here; see the docs page.
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    from cpu_harness import free_port
+
+    out = tmp_path_factory.mktemp("replay_dist")
+    port = str(free_port())
+    env = dict(os.environ, PYTHONPATH=str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    procs = [
+        subprocess.Popen([sys.executable, str(Path(__file__).resolve()), str(rank), "2", port, str(out)],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for rank in range(2)
+    ]
+    logs = [proc.communicate(timeout=900)[0] for proc in procs]
+    found = {}
+    for rank, (proc, log) in enumerate(zip(procs, logs, strict=True)):
+        path = out / f"rank{rank}.json"
+        assert path.exists(), f"rank {rank} exited {proc.returncode} without results:\n{log[-6000:]}"
+        found[rank] = json.loads(path.read_text())
+    return found
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_replay_reproduces_the_recorded_routing_on_every_rank(results, scenario):
+    for rank in (0, 1):
+        result = results[rank][scenario]
+        assert result.get("error") is None, f"rank {rank}: {result.get('error')}"
+        assert result["routers"] > 0
+        assert result["fresh_differs"], "changing the expert bias must change fresh routing"
+        assert result["replay_equal"], f"rank {rank}: replayed routing differs from the recorded one"
+        assert result["layers_gathered"] == result["layers_expected"]
+
+
+# ------------------------------------------------------------------------------------------------
+# The rank side.
+
+
+def _run_rank(rank: int, world: int, port: str, out: str) -> None:
+    import torch
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    import traceback
+
+    from cpu_harness import cpu_megatron
+    from moe_harness import cpu_moe
+
+    import patchkit
+
+    patchkit.apply_all()
+    results = {}
+    with cpu_megatron(), cpu_moe():
+        for scenario in SCENARIOS:
+            try:
+                results[scenario] = SCENARIO_FUNCTIONS[scenario](rank)
+            except Exception:  # reported per scenario, the others still run
+                results[scenario] = {"error": traceback.format_exc()[-4000:]}
+            finally:
+                _teardown()
+    Path(out, f"rank{rank}.json").write_text(json.dumps(results))
+    torch.distributed.destroy_process_group()
+
+
+def _setup(**sizes):
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    parallel_state.initialize_model_parallel(**sizes)
+    model_parallel_cuda_manual_seed(1234)
+
+
+def _teardown():
+    from megatron.core import parallel_state
+    from patchkit.patches.megatron import router_replay_api as replay
+
+    replay.reset()
+    parallel_state.destroy_model_parallel()
+
+
+def _maps_of(models):
+    from replay_models import RoutingCapture
+
+    return [RoutingCapture(model) for model in models]
+
+
+def _take(captures):
+    maps = []
+    for capture in captures:
+        maps.extend(capture.take())
+    return maps
+
+
+def _equal(a, b):
+    import torch
+
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def _differs(a, b):
+    import torch
+
+    return any(not torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def _pipeline_forward(chunks, batch, rank, world):
+    """One micro-batch through the virtual stages in order: chunk v of rank 0, chunk v of rank 1, ..."""
+    import torch
+    from megatron.core import parallel_state
+    from replay_models import forward_loss
+
+    hidden = None
+    for chunk in chunks:
+        if not chunk.pre_process:
+            shape = (batch.input_ids.shape[1], batch.input_ids.shape[0], chunk.config.hidden_size)
+            hidden = torch.empty(shape)
+            torch.distributed.recv(hidden, src=(rank - 1) % world)
+        parallel_state.set_virtual_pipeline_model_parallel_rank(getattr(chunk, "vp_stage", None) or 0)
+        chunk.set_input_tensor(hidden)
+        output = forward_loss(chunk, batch)
+        if not chunk.post_process:
+            torch.distributed.send(output.detach().contiguous(), dst=(rank + 1) % world)
+
+
+def _scenario_pipeline(rank, vpp):
+    import torch
+    from megatron.core import parallel_state
+    from patchkit.patches.megatron import router_replay_api as replay
+    from replay_models import build_tiny_moe, causal_batch, shift_expert_bias
+
+    world = 2
+    num_layers = 8 if vpp else 4
+    _setup(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2 if vpp else None)
+    common = dict(
+        num_layers=num_layers, pipeline_model_parallel_size=2, pipeline_dtype=torch.float32,
+        moe_layer_freq=[1, 0, 1, 1] * (num_layers // 4),
+    )
+    if vpp:
+        common["virtual_pipeline_model_parallel_size"] = 2
+    stages = range(2) if vpp else [None]
+    chunks = []
+    for vp in stages:
+        first = rank == 0 and (vp in (None, 0))
+        last = rank == 1 and (vp in (None, 1))
+        if vp is not None:
+            parallel_state.set_virtual_pipeline_model_parallel_rank(vp)
+        chunk = build_tiny_moe(pre_process=first, post_process=last, vp_stage=vp, seed=rank * 10 + (vp or 0), **common)
+        chunk.vp_stage = vp
+        chunks.append(chunk)
+    batch = causal_batch()
+    scope = replay.for_model(chunks)
+    captures = _maps_of(chunks)
+
+    scope.set_action("record")
+    _pipeline_forward(chunks, batch, rank, world)
+    recorded_maps = _take(captures)
+    merged = replay.gather_pipeline(scope.recorded())  # every stage's layers, global order
+    expected = replay.moe_layer_numbers(chunks[0].config)
+
+    for chunk in chunks:
+        shift_expert_bias(chunk, seed=5 + rank)
+    scope.clear()
+    _pipeline_forward(chunks, batch, rank, world)
+    fresh = _take(captures)
+
+    scope.set_targets(merged)  # each stage takes its own layers
+    scope.set_action("replay_forward")
+    _pipeline_forward(chunks, batch, rank, world)
+    replayed = _take(captures)
+    return {
+        "routers": len(scope.layers), "fresh_differs": _differs(fresh, recorded_maps),
+        "replay_equal": _equal(replayed, recorded_maps), "layers_gathered": list(merged), "layers_expected": expected,
+    }
+
+
+def _norm_without_sequence_parallel():
+    """Upstream's torch LayerNorm refuses ``sequence_parallel`` (TE's norm supports it); the norm is per
+    token, so it is built from a copy of the config with the flag off. Everything else sees SP on."""
+    import copy
+    from unittest import mock
+
+    from megatron.core.transformer import torch_norm
+
+    original = torch_norm.WrappedTorchNorm.__new__
+
+    def new(cls, config, *args, **kwargs):
+        plain = copy.copy(config)
+        plain.sequence_parallel = False
+        return original(cls, plain, *args, **kwargs)
+
+    return mock.patch.object(torch_norm.WrappedTorchNorm, "__new__", new)
+
+
+def _scenario_simple(rank, *, sizes, overrides, pack_cp=False):
+    """TP / EP / CP: one stage; indices go through the gather/unpack/pack path of the scenario."""
+    import torch
+    from megatron.core import parallel_state
+    from patchkit.patches.megatron import router_replay_api as replay
+    from replay_models import build_tiny_moe, causal_batch, forward_loss, shift_expert_bias
+
+    _setup(**sizes)
+    with _norm_without_sequence_parallel():
+        model = build_tiny_moe(seed=3, **overrides)
+    batch = causal_batch(batch_size=1, seq_len=16, seed=7 + (rank if "expert_model_parallel_size" in sizes else 0))
+    scope = replay.for_model(model)
+    (capture,) = _maps_of([model])
+    scope.set_action("record")
+    forward_loss(model, batch)
+    recorded_maps = capture.take()
+    full = scope.recorded()  # sequence-parallel shards gathered: full rows on every TP rank
+    if pack_cp:
+        # Each CP rank's rows -> all ranks' rows -> per-sample -> this rank's rows again.
+        group = parallel_state.get_context_parallel_group()
+        layout = replay.thd_layout([32], seq_len=32, cp_size=2, num_experts=8)
+        keys, stacked = replay.stack_layers(full)
+        parts = [torch.empty_like(stacked) for _ in range(2)]
+        torch.distributed.all_gather(parts, stacked.contiguous(), group=group)
+        per_sample = replay.unpack(parts, layout)
+        mine = replay.pack(per_sample, layout, cp_rank=parallel_state.get_context_parallel_rank())
+        full = dict(zip(keys, mine.unbind(1), strict=True))
+    shift_expert_bias(model, seed=9)
+    scope.clear()
+    forward_loss(model, batch)
+    fresh = capture.take()
+    scope.set_targets(full)  # cut back to this TP rank's shard under sequence parallelism
+    scope.set_action("replay_forward")
+    forward_loss(model, batch)
+    replayed = capture.take()
+    return {
+        "routers": len(scope.layers), "fresh_differs": _differs(fresh, recorded_maps),
+        "replay_equal": _equal(replayed, recorded_maps), "layers_gathered": list(full), "layers_expected": [1, 2],
+    }
+
+
+SCENARIO_FUNCTIONS = {
+    "pp2": lambda rank: _scenario_pipeline(rank, vpp=False),
+    "vpp2": lambda rank: _scenario_pipeline(rank, vpp=True),
+    "tp2_sp": lambda rank: _scenario_simple(
+        rank, sizes=dict(tensor_model_parallel_size=2),
+        overrides=dict(tensor_model_parallel_size=2, sequence_parallel=True),
+    ),
+    "cp2": lambda rank: _scenario_simple(rank, sizes=dict(context_parallel_size=2), overrides={}, pack_cp=True),
+}
+
+
+if __name__ == "__main__":
+    _run_rank(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4])
