@@ -1,4 +1,4 @@
-"""Expert parameter names under expert parallelism, and the sort key of exported names (Bridge 0.2-0.3).
+"""Expert parameter names under expert parallelism, and the sort key of exported names (Bridge 0.2-0.4).
 
 Derived from ``megatron/bridge/models/conversion/model_bridge.py::_megatron_local_name_to_global``
 and ``conversion/utils.py::extract_sort_key`` (identical in 0.2.0rc6 and 0.3.1). Upstream renumbers
@@ -8,6 +8,12 @@ local linears, as built by ``get_gpt_modelopt_spec``) names experts ``experts.lo
 .weight``: on expert-parallel rank r those names must become ``local_experts.{r * per_rank + 3}``, or
 every EP rank exports its experts under rank 0's names; and ``local_experts.10`` must sort after
 ``local_experts.2`` as expert 10 does after expert 2 in the grouped naming.
+
+0.4.0-0.4.1 are the same as 0.3. 0.4.2 takes the expert-parallel group from the model
+(``model_bridge._get_ep_group``: the model's ``pg_collection.ep``, else the global group) for the
+grouped naming; :func:`wrap_local_name_to_global_v042` uses that same function, so both namings agree
+when a model carries its own process groups. 0.5 renumbers ``local_experts.N`` itself and sorts it
+(the patches are ``native`` there).
 """
 
 from __future__ import annotations
@@ -37,9 +43,29 @@ def local_expert_to_global(param_name: str, num_experts: int, ep_rank: int, ep_s
     return param_name[:start] + str(global_index) + param_name[end:]
 
 
+def _global_ep_group(models: Any) -> Any:
+    """0.2-0.4.1: upstream renumbers with the global expert-parallel group, whatever the model."""
+    return parallel_state.get_expert_model_parallel_group()
+
+
+def _model_ep_group(models: Any) -> Any:
+    """0.4.2: upstream's own choice of group (``_get_ep_group``); ``None`` means EP size 1."""
+    from megatron.bridge.models.conversion import model_bridge
+
+    return model_bridge._get_ep_group(models)
+
+
 def wrap_local_name_to_global(original: Callable[..., str]) -> Callable[..., str]:
     """Upstream handles pipeline stages and grouped-GEMM experts; add the SequentialMLP naming."""
+    return _wrap_local_name_to_global(original, _global_ep_group)
 
+
+def wrap_local_name_to_global_v042(original: Callable[..., str]) -> Callable[..., str]:
+    """As :func:`wrap_local_name_to_global`, with the EP group upstream takes from the model."""
+    return _wrap_local_name_to_global(original, _model_ep_group)
+
+
+def _wrap_local_name_to_global(original: Callable[..., str], ep_group_of: Callable[[Any], Any]) -> Callable[..., str]:
     @functools.wraps(original)
     def _megatron_local_name_to_global(models: Any, config: Any, param_name: str, vp_stage: Any = None) -> str:
         if is_quantizer_name(param_name):
@@ -50,7 +76,7 @@ def wrap_local_name_to_global(original: Callable[..., str]) -> Callable[..., str
         name = original(models, config, param_name, vp_stage)
         if ".adapter." in name:  # upstream keeps adapters unsharded across EP ranks (0.3)
             return name
-        group = parallel_state.get_expert_model_parallel_group()
+        group = ep_group_of(models)
         size = group.size() if group is not None else 1
         if size <= 1 or _LOCAL_EXPERT.search(name) is None:
             return name

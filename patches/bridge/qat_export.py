@@ -1,14 +1,35 @@
 """Megatron-Bridge support for ModelOpt QAT models: quantizable layers, and export that handles them.
 
 Declaration module (data only). Each behaviour is its own patch so it can be switched off alone;
-the ranges are the Bridge releases whose sources were read and whose tests ran (0.2.0rc6, 0.3.1).
-Facts: ``shared/research/upstream-drift.md`` section 4; why each is needed: the implementation
-modules' docstrings.
+the ranges are the Bridge releases whose sources were read and whose tests ran (0.2.0rc6, 0.3.1,
+0.4.2, 0.5.1, 0.6.2; 0.4.0, 0.5.0 and 0.6.0 read from their wheels). Each ``native`` variant names
+what upstream does instead, and ``tests/bridge`` shows upstream doing it. Facts:
+``shared/research/upstream-drift.md`` section 4 and ``frameworks-2026-11.md``; why each is needed:
+the implementation modules' docstrings.
+
+One public helper lives here too, reached lazily (PEP 562) so this module stays cheap:
+:func:`use_modelopt_layer_spec` (the fresh-QAT switch, the same call on every Bridge release).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from patchkit import Call, Patch, Variant, Wrap
+
+if TYPE_CHECKING:
+    from ._modelopt_layer_spec_v03 import use_modelopt_layer_spec
+
+__all__ = ["PATCHES", "use_modelopt_layer_spec"]
+
+
+def __getattr__(name: str) -> Any:
+    if name != "use_modelopt_layer_spec":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from ._modelopt_layer_spec_v03 import use_modelopt_layer_spec
+
+    globals()[name] = use_modelopt_layer_spec
+    return use_modelopt_layer_spec
 
 BRIDGE = {"megatron-bridge": "megatron.bridge"}
 GPT_PROVIDER = "megatron.bridge.models.gpt_provider"
@@ -19,6 +40,16 @@ BLOB = "https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/v0.3.1/src/megatron/
 V02 = {"megatron-bridge": ">=0.2.0rc0,<0.3.0rc0"}
 V03 = {"megatron-bridge": ">=0.3.0rc0,<0.4.0rc0"}
 V02_V03 = {"megatron-bridge": ">=0.2.0rc0,<0.4.0rc0"}
+V04 = {"megatron-bridge": ">=0.4.0rc0,<0.5.0rc0"}
+V040_V041 = {"megatron-bridge": ">=0.4.0rc0,<0.4.2rc0"}
+V042 = {"megatron-bridge": ">=0.4.2rc0,<0.5.0rc0"}
+V05 = {"megatron-bridge": ">=0.5.0rc0,<0.6.0rc0"}
+V06 = {"megatron-bridge": ">=0.6.0rc0,<0.7.0rc0"}
+V04_V06 = {"megatron-bridge": ">=0.4.0rc0,<0.7.0rc0"}
+V05_V06 = {"megatron-bridge": ">=0.5.0rc0,<0.7.0rc0"}
+#: ``provide()`` changed in 0.4, 0.5 and 0.6 (not where it reads the layer spec): one variant each,
+#: the same wrap, so each release's code is fingerprinted against its own records.
+_PROVIDE = Wrap(f"{GPT_PROVIDER}:GPTModelProvider.provide", "._modelopt_layer_spec_v03:wrap_provide")
 
 PATCHES = (
     Patch(
@@ -30,17 +61,21 @@ PATCHES = (
             "gets TransformerEngine layers."
         ),
         upstream=f"{BLOB}/gpt_provider.py",
-        removal="Remove when GPTModelProvider dispatches on restore_modelopt_state again (0.4's GPTModelBuilder does).",
+        removal=(
+            "Remove when GPTModelProvider.provide dispatches on restore_modelopt_state again (0.4-0.6 do it "
+            "only in the separate gpt_builder path). For fresh QAT (no state to restore) call "
+            "use_modelopt_layer_spec(provider), with or without this patch."
+        ),
         version_modules=BRIDGE,
         variants=(
             Variant(
                 requires=V02,
                 native="0.2 default_layer_spec returns quantization_layer_spec on restore_modelopt_state",
             ),
-            Variant(
-                requires=V03,
-                installs=(Wrap(f"{GPT_PROVIDER}:GPTModelProvider.provide", "._modelopt_layer_spec_v03:wrap_provide"),),
-            ),
+            Variant(requires=V03, installs=(_PROVIDE,)),
+            Variant(requires=V04, installs=(_PROVIDE,)),
+            Variant(requires=V05, installs=(_PROVIDE,)),
+            Variant(requires=V06, installs=(_PROVIDE,)),
         ),
     ),
     Patch(
@@ -66,6 +101,13 @@ PATCHES = (
                          "._quant_linear_parallelism:wrap_detect_parallelism_type"),
                 ),
             ),
+            Variant(
+                requires=V04_V06,
+                native=(
+                    "AutoMapping._detect_parallelism_type resolves a ModelOpt dynamic module "
+                    "(is_modelopt_dynamic_module) to its original class, fused-layernorm rule included"
+                ),
+            ),
         ),
     ),
     Patch(
@@ -82,6 +124,14 @@ PATCHES = (
             Variant(
                 requires=V02_V03,
                 installs=(Wrap(f"{MODEL_BRIDGE}:persistent_buffers", "._quantizer_params:wrap_persistent_buffers"),),
+            ),
+            Variant(
+                # 0.4 added Bridge's own quantized export: with ENABLE_BRIDGE_QUANT_MAPPING=1 the mapping
+                # registry maps *.weight_quantizer._amax / *.input_quantizer._amax, and the wrap steps aside.
+                requires=V04_V06,
+                installs=(
+                    Wrap(f"{MODEL_BRIDGE}:persistent_buffers", "._quantizer_params:wrap_persistent_buffers_v04"),
+                ),
             ),
         ),
     ),
@@ -102,6 +152,27 @@ PATCHES = (
                     Wrap(f"{MODEL_BRIDGE}:_megatron_local_name_to_global", "._expert_names:wrap_local_name_to_global"),
                 ),
             ),
+            Variant(
+                requires=V040_V041,
+                installs=(
+                    Wrap(f"{MODEL_BRIDGE}:_megatron_local_name_to_global", "._expert_names:wrap_local_name_to_global"),
+                ),
+            ),
+            Variant(
+                # 0.4.2 reads the EP group from the model (_get_ep_group: its pg_collection, else the global
+                # group); the names of both expert layouts must come from the same group.
+                requires=V042,
+                installs=(
+                    Wrap(f"{MODEL_BRIDGE}:_megatron_local_name_to_global",
+                         "._expert_names:wrap_local_name_to_global_v042"),
+                ),
+            ),
+            Variant(
+                # Forcing the wrap here would renumber twice (rank 3 of 4, 8 experts: 12, 13 for 6, 7).
+                requires=V05_V06,
+                native="_megatron_local_name_to_global renumbers local_experts.N on EP ranks (and leaves quantizer "
+                       "state alone)",
+            ),
         ),
     ),
     Patch(
@@ -120,6 +191,11 @@ PATCHES = (
                 # loaded, while model_bridge is still executing and lacks the attribute.
                 installs=(Wrap(f"{MODEL_BRIDGE}:extract_sort_key", "._expert_names:wrap_extract_sort_key"),),
             ),
+            Variant(
+                requires=V04,
+                installs=(Wrap(f"{MODEL_BRIDGE}:extract_sort_key", "._expert_names:wrap_extract_sort_key"),),
+            ),
+            Variant(requires=V05_V06, native="extract_sort_key reads local_experts.N when there is no weightN/biasN"),
         ),
     ),
 )

@@ -99,6 +99,17 @@ PATCHES = (
                     ),
                 ),
             ),
+            Variant(
+                # 0.48's kernel zeroes only a zero block scale (0.47 replaced scales below 1e-5 by 1).
+                requires={"nvidia-modelopt": ">=0.48.0rc0,<0.49"},
+                installs=(
+                    Call(
+                        "._nvfp4_cpu_backend:install_v048",
+                        "._nvfp4_cpu_backend:uninstall",
+                        after="modelopt.torch.quantization",
+                    ),
+                ),
+            ),
         ),
     ),
 )

@@ -1,7 +1,9 @@
 """Fixtures for the Megatron-Bridge export patches, against the real megatron-bridge on CPU.
 
 Megatron-Bridge is installed with ``--no-deps`` (its hard dependencies include TransformerEngine and
-mamba-ssm) and imported inside ``te_stub.bridge_import_context`` (see ``te_stub``'s docstring).
+mamba-ssm) and imported inside ``te_harness.te_import_stub`` (see ``tests/te_harness.py``). ModelOpt's
+Megatron plugin is loaded first (``load_modelopt_megatron_plugin``): Bridge imports ModelOpt, and
+ModelOpt 0.48 would otherwise meet the stub half-way through registering its Megatron modules.
 """
 
 from __future__ import annotations
@@ -18,8 +20,12 @@ if importlib.util.find_spec("megatron.bridge") is None:
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "megatron"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "modelopt"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from te_stub import bridge_import_context  # noqa: E402
+from te_harness import bridge_import_context, load_modelopt_megatron_plugin  # noqa: E402
+
+if importlib.util.find_spec("modelopt") is not None:
+    load_modelopt_megatron_plugin()
 
 with bridge_import_context():
     import megatron.bridge  # noqa: F401

@@ -21,12 +21,24 @@ EXPORT_PATCHES = (
     "bridge.quant_linear_parallelism", "bridge.skip_quantizer_params",
     "bridge.expert_local_to_global", "bridge.expert_sort_key",
 )
+#: Where upstream does the job itself (read from the wheels; each is shown below doing it).
+NATIVE_FROM = {
+    "bridge.quant_linear_parallelism": Version("0.4.0rc0"),
+    "bridge.expert_local_to_global": Version("0.5.0rc0"),
+    "bridge.expert_sort_key": Version("0.5.0rc0"),
+}
+APPLYING = tuple(p for p in EXPORT_PATCHES if BRIDGE < NATIVE_FROM.get(p, Version("999")))
+NATIVE = tuple(p for p in EXPORT_PATCHES if p not in APPLYING)
 
 
-def test_every_export_patch_applies_on_this_bridge():
+def _expected_states() -> dict[str, str]:
+    return {p: ("native" if p in NATIVE else "applied") for p in EXPORT_PATCHES}
+
+
+def test_every_export_patch_applies_or_is_native_on_this_bridge():
     with patchkit.applied(*EXPORT_PATCHES) as records:
-        assert {r.id: r.state.value for r in records} == dict.fromkeys(EXPORT_PATCHES, "applied")
-    assert {r.id: r.state.value for r in patchkit.status(*EXPORT_PATCHES)} == dict.fromkeys(EXPORT_PATCHES, "reverted")
+        assert {r.id: (r.reason or r.state).value for r in records} == _expected_states()
+    assert {r.id: r.state.value for r in patchkit.status(*APPLYING)} == dict.fromkeys(APPLYING, "reverted")
 
 
 @pytest.fixture
@@ -45,6 +57,12 @@ EXPECTED_PARALLELISM = {
 }
 
 
+def _parallelism(model) -> dict[str, str]:
+    return {name: AutoMapping(f"{name}.weight", "hf.weight")._detect_parallelism_type(model.get_submodule(name))
+            for name in EXPECTED_PARALLELISM}
+
+
+@pytest.mark.skipif(BRIDGE >= NATIVE_FROM["bridge.quant_linear_parallelism"], reason="native from Bridge 0.4")
 def test_autodetects_parallelism_of_modelopt_quantized_linears(quantized_gpt):
     for name in EXPECTED_PARALLELISM:
         module = quantized_gpt.get_submodule(name)
@@ -52,13 +70,24 @@ def test_autodetects_parallelism_of_modelopt_quantized_linears(quantized_gpt):
         with pytest.raises(ValueError, match="Cannot determine parallelism type"):
             AutoMapping(f"{name}.weight", "hf.weight")._detect_parallelism_type(module)
     with patchkit.applied("bridge.quant_linear_parallelism"):
-        found = {
-            name: AutoMapping(f"{name}.weight", "hf.weight")._detect_parallelism_type(quantized_gpt.get_submodule(name))
-            for name in EXPECTED_PARALLELISM
-        }
+        found = _parallelism(quantized_gpt)
         assert "QuantColumnParallelLinear" in AutoMapping._MODULE_TYPE_REGISTRY["column"]
     assert found == EXPECTED_PARALLELISM
     assert "QuantColumnParallelLinear" not in AutoMapping._MODULE_TYPE_REGISTRY["column"]  # reverted
+
+
+@pytest.mark.skipif(BRIDGE < NATIVE_FROM["bridge.quant_linear_parallelism"], reason="patched before Bridge 0.4")
+def test_upstream_resolves_modelopt_quantized_linears_natively(quantized_gpt):
+    """Bridge 0.4+: AutoMapping maps ModelOpt's dynamic Quant* classes to the class they wrap."""
+    from megatron.bridge.models.conversion.utils import is_modelopt_dynamic_module
+
+    assert all(is_modelopt_dynamic_module(quantized_gpt.get_submodule(name)) for name in EXPECTED_PARALLELISM)
+    from patchkit.patches.bridge import _quant_linear_parallelism
+
+    with patchkit.applied("bridge.quant_linear_parallelism") as records:
+        assert [(r.reason or r.state).value for r in records] == ["native"]
+        assert _quant_linear_parallelism._added == []  # nothing of patchkit's in the registry
+        assert _parallelism(quantized_gpt) == EXPECTED_PARALLELISM  # upstream alone: nothing was installed
 
 
 def _global_names(model) -> list[str]:
@@ -77,6 +106,28 @@ def test_quantizer_state_is_not_exported(quantized_gpt):
     assert "decoder.layers.0.self_attention.linear_qkv.weight" in patched
 
 
+@pytest.mark.skipif(BRIDGE < Version("0.4.0rc0"), reason="ENABLE_BRIDGE_QUANT_MAPPING exists from Bridge 0.4")
+def test_quantizer_state_is_kept_when_bridge_exports_it_itself(quantized_gpt, monkeypatch):
+    """With ENABLE_BRIDGE_QUANT_MAPPING=1 Bridge maps *_quantizer._amax itself: the patch drops nothing."""
+    from megatron.bridge.models.conversion.mapping_registry import MegatronMappingRegistry
+
+    upstream = _global_names(quantized_gpt)
+    monkeypatch.setenv("ENABLE_BRIDGE_QUANT_MAPPING", "1")
+    with patchkit.applied("bridge.skip_quantizer_params") as records:
+        assert [r.state.value for r in records] == ["applied"]
+        kept = _global_names(quantized_gpt)
+        monkeypatch.setenv("ENABLE_BRIDGE_QUANT_MAPPING", "0")
+        dropped = _global_names(quantized_gpt)
+    assert kept == upstream and any(name.endswith("weight_quantizer._amax") for name in kept)
+    assert dropped == [name for name in upstream if "_quantizer" not in name]
+    # ...and Bridge's registry does map that state when the switch is on (what would be lost otherwise).
+    monkeypatch.setenv("ENABLE_BRIDGE_QUANT_MAPPING", "1")
+    registry = MegatronMappingRegistry(AutoMapping("decoder.layers.*.self_attention.linear_qkv.weight",
+                                                   "model.layers.*.self_attn.qkv.weight"))
+    amax = "decoder.layers.0.self_attention.linear_qkv.weight_quantizer._amax"
+    assert registry.megatron_to_hf_lookup(amax) is not None
+
+
 MIXED = [
     "decoder.layers.0.mlp.experts.local_experts.10.linear_fc1.weight",
     "decoder.layers.0.mlp.experts.local_experts.2.linear_fc1.weight",
@@ -88,12 +139,7 @@ MIXED = [
 ]
 
 
-def test_sort_key_orders_both_expert_namings():
-    upstream = sorted(MIXED, key=model_bridge.extract_sort_key)
-    assert upstream.index(MIXED[0]) < upstream.index(MIXED[1])  # local_experts.10 before .2 upstream
-    with patchkit.applied("bridge.expert_sort_key"):
-        patched = sorted(MIXED, key=model_bridge.extract_sort_key)
-    assert patched == [
+SORTED = [
         "embedding.word_embeddings.weight",
         "decoder.layers.0.self_attention.linear_qkv.weight",
         "decoder.layers.0.mlp.experts.local_experts.2.linear_fc1.weight",
@@ -101,8 +147,24 @@ def test_sort_key_orders_both_expert_namings():
         "decoder.layers.0.mlp.experts.local_experts.10.linear_fc1.weight",
         "decoder.layers.0.mlp.experts.linear_fc1.weight11",
         "decoder.layers.1.self_attention.linear_qkv.weight",
-    ]
+]
+
+
+@pytest.mark.skipif(BRIDGE >= NATIVE_FROM["bridge.expert_sort_key"], reason="native from Bridge 0.5")
+def test_sort_key_orders_both_expert_namings():
+    upstream = sorted(MIXED, key=model_bridge.extract_sort_key)
+    assert upstream.index(MIXED[0]) < upstream.index(MIXED[1])  # local_experts.10 before .2 upstream
+    with patchkit.applied("bridge.expert_sort_key"):
+        patched = sorted(MIXED, key=model_bridge.extract_sort_key)
+    assert patched == SORTED
     assert sorted(MIXED, key=model_bridge.extract_sort_key) == upstream  # reverted
+
+
+@pytest.mark.skipif(BRIDGE < NATIVE_FROM["bridge.expert_sort_key"], reason="patched before Bridge 0.5")
+def test_upstream_sort_key_orders_both_expert_namings_natively():
+    with patchkit.applied("bridge.expert_sort_key") as records:
+        assert [(r.reason or r.state).value for r in records] == ["native"]
+        assert sorted(MIXED, key=model_bridge.extract_sort_key) == SORTED
 
 
 def _free_port() -> int:
@@ -111,40 +173,100 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.mark.slow
-def test_expert_names_map_local_to_global_on_ep_ranks_0_to_3(tmp_path):
+@pytest.fixture(scope="module")
+def ep_results(tmp_path_factory):
+    """Each of 4 gloo ranks (EP=4, 8 experts) runs ``ep_worker.run``; their JSON results, by rank."""
     import multiprocessing
 
     import ep_worker
 
+    out = tmp_path_factory.mktemp("ep")
     multiprocessing.get_context("forkserver").set_forkserver_preload(["ep_preload"])
     torch.multiprocessing.start_processes(
-        ep_worker.run, args=(4, _free_port(), str(tmp_path)), nprocs=4, join=True, start_method="forkserver"
+        ep_worker.run, args=(4, _free_port(), str(out)), nprocs=4, join=True, start_method="forkserver"
     )
-    results = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(4)]
-    for rank, result in enumerate(results):
+    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(4)]
+
+
+SEQUENTIAL_0 = "decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight"
+SEQUENTIAL_1 = "decoder.layers.1.mlp.experts.local_experts.1.linear_fc2.weight"
+GROUPED_0 = "decoder.layers.0.mlp.experts.linear_fc1.weight0"
+GROUPED_1 = "decoder.layers.1.mlp.experts.linear_fc2.weight1"
+UNCHANGED = ("decoder.layers.0.self_attention.linear_qkv.weight", "decoder.layers.0.mlp.router.weight",
+             "decoder.layers.0.mlp.experts.local_experts.1.linear_fc1.weight_quantizer._amax")
+
+
+def _global_names_of(first: int, second: int) -> dict[str, str]:
+    return {
+        SEQUENTIAL_0: f"decoder.layers.0.mlp.experts.local_experts.{first}.linear_fc1.weight",
+        SEQUENTIAL_1: f"decoder.layers.1.mlp.experts.local_experts.{second}.linear_fc2.weight",
+        GROUPED_0: f"decoder.layers.0.mlp.experts.linear_fc1.weight{first}",
+        GROUPED_1: f"decoder.layers.1.mlp.experts.linear_fc2.weight{second}",
+    } | {name: name for name in UNCHANGED}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(BRIDGE >= NATIVE_FROM["bridge.expert_local_to_global"], reason="native from Bridge 0.5")
+def test_expert_names_map_local_to_global_on_ep_ranks_0_to_3(ep_results):
+    for rank, result in enumerate(ep_results):
         assert result["ep_rank"] == rank and result["states"] == ["applied"]
-        first, second = 2 * rank, 2 * rank + 1  # 8 experts, 2 per EP rank
         patched, upstream = result["patched"], result["upstream"]
-        assert patched["decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight"] == (
-            f"decoder.layers.0.mlp.experts.local_experts.{first}.linear_fc1.weight")
-        assert patched["decoder.layers.1.mlp.experts.local_experts.1.linear_fc2.weight"] == (
-            f"decoder.layers.1.mlp.experts.local_experts.{second}.linear_fc2.weight")
-        assert patched["decoder.layers.0.mlp.experts.linear_fc1.weight0"] == (
-            f"decoder.layers.0.mlp.experts.linear_fc1.weight{first}")
-        assert patched["decoder.layers.1.mlp.experts.linear_fc2.weight1"] == (
-            f"decoder.layers.1.mlp.experts.linear_fc2.weight{second}")
-        for unchanged in ("decoder.layers.0.self_attention.linear_qkv.weight", "decoder.layers.0.mlp.router.weight",
-                          "decoder.layers.0.mlp.experts.local_experts.1.linear_fc1.weight_quantizer._amax",
-                          GROUPED_QUANTIZER):
-            assert patched[unchanged] == unchanged
+        expected = _global_names_of(2 * rank, 2 * rank + 1)  # 8 experts, 2 per EP rank
+        assert {name: patched[name] for name in expected} == expected
+        assert patched[GROUPED_QUANTIZER] == GROUPED_QUANTIZER
         # What upstream does alone: grouped names mapped, SequentialMLP names left local,
         # a grouped quantizer name breaks its expert-number parsing.
-        grouped = "decoder.layers.0.mlp.experts.linear_fc1.weight0"
-        sequential = "decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight"
-        assert upstream[grouped] == patched[grouped]
-        assert upstream[sequential] == sequential
+        assert upstream[GROUPED_0] == patched[GROUPED_0]
+        assert upstream[SEQUENTIAL_0] == SEQUENTIAL_0
         assert upstream[GROUPED_QUANTIZER].startswith("ValueError")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (Version("0.4.2rc0") <= BRIDGE < Version("0.5.0rc0")), reason="Bridge 0.4.2's _get_ep_group")
+def test_expert_names_use_the_ep_group_of_the_model_as_upstream_does(ep_results):
+    """A model with its own EP group of 2 ranks: both namings numbered within that group, as upstream's."""
+    for rank, result in enumerate(ep_results):
+        local_rank = rank % 2  # groups {0, 1} and {2, 3}: 4 experts per rank
+        expected = _global_names_of(4 * local_rank, 4 * local_rank + 1)
+        assert {name: result["model_group"][name] for name in expected} == expected
+        assert result["model_group_upstream"][GROUPED_0] == expected[GROUPED_0]  # upstream's own grouped naming
+        assert result["model_group_upstream"][SEQUENTIAL_0] == SEQUENTIAL_0  # upstream leaves SequentialMLP local
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(BRIDGE < NATIVE_FROM["bridge.expert_local_to_global"], reason="patched before Bridge 0.5")
+def test_upstream_maps_expert_names_natively_with_the_same_names(ep_results):
+    """0.5+: upstream alone gives the names the patch gave on 0.2-0.4; the wrap on top would renumber twice."""
+    for rank, result in enumerate(ep_results):
+        assert result["states"] == ["native"]
+        expected = _global_names_of(2 * rank, 2 * rank + 1)
+        assert {name: result["upstream"][name] for name in expected} == expected
+        assert result["patched"] == result["upstream"]  # nothing was installed
+        assert result["upstream"][GROUPED_QUANTIZER] == GROUPED_QUANTIZER  # quantizer state left alone too
+        twice = result["wrapped_over_upstream"]
+        assert twice[SEQUENTIAL_0].split(".")[5] == str(2 * rank + 2 * (2 * rank))  # rank 3: 12, not 6
+        assert twice[SEQUENTIAL_1].split(".")[5] == str(2 * rank + 1 + 2 * rank) if rank == 0 else True
+        if "_get_ep_group" in dir(model_bridge):
+            assert {name: result["model_group_upstream"][name] for name in expected} == _global_names_of(
+                4 * (rank % 2), 4 * (rank % 2) + 1)
+
+
+def _engine_refuses_forced_native() -> bool:
+    """Whether the engine has the typed refusal of PATCHKIT_FORCE on a native variant (helper "speed")."""
+    from patchkit.runtime import errors
+
+    return any("Native" in name for name in dir(errors))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(BRIDGE < NATIVE_FROM["bridge.expert_local_to_global"], reason="patched before Bridge 0.5")
+@pytest.mark.xfail(not _engine_refuses_forced_native(), strict=True,
+                   reason="PATCHKIT_FORCE on a native variant is not refused by this engine yet")
+def test_forcing_the_expert_name_patch_where_upstream_is_native_is_refused(ep_results):
+    for result in ep_results:
+        forced = result["forced"]
+        assert forced.get("typed"), forced
+        assert "native" in forced["message"]
 
 
 _STARTUP = """
@@ -152,6 +274,8 @@ import json, sys
 import patchkit
 patchkit.apply_all()                                   # before any upstream import, as trainers do
 from te_stub import bridge_import_context
+from te_harness import load_modelopt_megatron_plugin
+load_modelopt_megatron_plugin()
 with bridge_import_context():
     import megatron.bridge.models.conversion.model_bridge
     import megatron.bridge.models.gpt_provider
@@ -169,7 +293,7 @@ def test_patches_declared_at_startup_install_when_bridge_is_imported(tmp_path):
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     states = json.loads(done.stdout.strip().splitlines()[-1])
-    expected = dict.fromkeys(EXPORT_PATCHES, ["applied", None])
+    expected = {p: (["skipped", "native"] if p in NATIVE else ["applied", None]) for p in EXPORT_PATCHES}
     native = BRIDGE < Version("0.3.0rc0")
     expected["bridge.modelopt_layer_spec"] = ["skipped", "native"] if native else ["applied", None]
     assert states == expected

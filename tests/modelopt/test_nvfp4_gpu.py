@@ -48,7 +48,7 @@ def _modelopt_kernel(weight: torch.Tensor) -> torch.Tensor:
 _BOUNDARIES = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
 
 
-def _at_rounding_tie(weight: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
+def _at_rounding_tie(weight: torch.Tensor, amax: torch.Tensor, rule: str | None = None) -> torch.Tensor:
     """Where ``|x| / block_scale`` lies on an E2M1 boundary, to within 2**-20 relative.
 
     There the Triton kernel's fp32 division (``div.full.f32``, approximate, not IEEE-rounded) may
@@ -60,7 +60,12 @@ def _at_rounding_tie(weight: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
     global_scale = amax.float() / (6.0 * 448.0)
     block_scale = torch.clamp(blocks.abs().amax(-1, keepdim=True) / (6.0 * global_scale), max=448.0)
     block_scale = block_scale.to(torch.float8_e4m3fn).float() * global_scale
-    block_scale = torch.where(block_scale >= 1e-5, block_scale, torch.ones_like(block_scale))
+    from patchkit.patches.modelopt._nvfp4_cpu_backend import RULE_047, installed_release_rule
+
+    if (rule or installed_release_rule()) == RULE_047:
+        block_scale = torch.where(block_scale >= 1e-5, block_scale, torch.ones_like(block_scale))
+    else:
+        block_scale = torch.where(block_scale == 0, torch.ones_like(block_scale), block_scale)
     scaled = blocks.abs() / block_scale
     near = ((scaled.unsqueeze(-1) - _BOUNDARIES).abs() <= _BOUNDARIES * 2.0**-20).any(-1)
     return near.reshape(weight.shape)
@@ -105,6 +110,55 @@ def test_cpu_backend_matches_modelopts_cuda_kernel(dtype, record_property):
     assert beyond_one_ulp_off_tie == 0
     if dtype != torch.bfloat16:
         assert off_tie == 0 and worst_off_tie == 0.0
+
+
+def _tiny_block_weights(dtype: torch.dtype) -> list[torch.Tensor]:
+    """Weights with blocks whose FP8 block scale lies below 1e-5 (0.47 replaces it by 1, 0.48 keeps it)
+    and blocks whose scale underflows to zero, beside ordinary blocks of the same tensor."""
+    generator = torch.Generator().manual_seed(1)
+    weights = []
+    for scale in (1e-4, 1e-3, 1.0):
+        weight = torch.randn(64, 256, generator=generator) * scale
+        weight[:, 16:32] *= 0.4      # block scale about 0.4 x 448 x global scale: below 1e-5 when scale = 1e-4
+        weight[:, 48:64] *= 0.05     # smaller still
+        weight[:, 96:112] *= 1e-7    # FP8 block scale underflows to zero
+        weight[:, 128:144] = 0.0     # an all-zero block
+        weight[::7, 160:176] *= 1e-3  # some rows only
+        weights.append(weight.to(dtype))
+    return weights
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_tiny_blocks_match_modelopts_cuda_kernel(dtype, record_property):
+    """The installed release's rule for tiny block scales, against that release's own kernel."""
+    from patchkit.patches.modelopt._nvfp4_cpu_backend import (
+        RULE_047,
+        RULE_048,
+        installed_release_rule,
+        nvfp4_fake_quantize,
+    )
+
+    rule = installed_release_rule()
+    other = RULE_047 if rule == RULE_048 else RULE_048
+    beyond_one_ulp_off_tie = tiny_blocks = distinguishing = total = 0
+    for weight in _tiny_block_weights(dtype):
+        reference = _modelopt_kernel(weight.cuda()).cpu()
+        amax = weight.float().abs().amax()
+        ours = nvfp4_fake_quantize(weight, amax, 16, rule)
+        wrong_rule = nvfp4_fake_quantize(weight, amax, 16, other)
+        tie = _at_rounding_tie(weight, amax, rule)
+        ulp = (torch.nextafter(reference.abs(), torch.tensor(float("inf"), dtype=dtype)) - reference.abs()).float()
+        gap = (ours.float() - reference.float()).abs()
+        beyond_one_ulp_off_tie += int(((gap > ulp) & ~tie).sum())
+        distinguishing += int((wrong_rule != reference).sum())
+        blocks = weight.float().reshape(weight.shape[0], -1, 16).abs().amax(-1)
+        tiny_blocks += int((blocks / 6.0 < 1e-5).sum())  # block scale about block amax / 6
+        total += reference.numel()
+    _report(record_property, test="tiny_blocks_vs_cuda_kernel", dtype=str(dtype), rule=rule,
+            beyond_one_output_ulp_off_ties=beyond_one_ulp_off_tie, elements_the_other_rule_gets_wrong=distinguishing,
+            tiny_blocks=tiny_blocks, elements=total, device=torch.cuda.get_device_name())
+    assert beyond_one_ulp_off_tie == 0
+    assert distinguishing > 0  # the inputs do tell the two rules apart
 
 
 @pytest.fixture
