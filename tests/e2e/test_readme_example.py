@@ -18,10 +18,9 @@ from pathlib import Path
 
 import torch
 from nvfp4_helpers import bits, dummy_started, process_weights_after_loading
+from patchkit.patches.modelopt.qat import export_qat_config, export_qat_weights
 from serving import ServingModel
 from trainer import trained_state
-
-from patchkit.patches.modelopt.qat import export_qat_config, export_qat_weights
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 MARKER = "<!-- e2e-example: run by tests/e2e/test_readme_example.py -->"

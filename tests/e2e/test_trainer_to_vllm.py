@@ -33,11 +33,10 @@ from __future__ import annotations
 import pytest
 import torch
 from nvfp4_helpers import assert_same_kernel_state, bits, dummy_started, kernel_state
-from serving import ServingModel, served_expert_weights, served_linear_weight, with_input_scales
-from trainer import INPUT_SCALE, TrainedState, trained_state
-
 from patchkit.patches.modelopt.qat import export_qat_weights
 from patchkit.patches.vllm.refit import RefitError, refit_weights
+from serving import ServingModel, served_expert_weights, served_linear_weight, with_input_scales
+from trainer import INPUT_SCALE, TrainedState, trained_state
 
 CASES = [
     pytest.param(False, torch.float32, id="dense-fp32"),
