@@ -9,7 +9,9 @@ CPU fake-quant backend (``tests/modelopt/qat_fixtures.py``). Both sides share on
 of one rank: vLLM's ``init_distributed_environment`` starts it, Megatron's parallel state is built on
 top of it, and neither is torn down before the session ends (tearing Megatron's down would destroy
 the group vLLM's groups were made from). Two modules are called ``cpu_harness`` (tests/vllm and
-tests/megatron): the vLLM one is loaded here under the name ``vllm_cpu_harness``.
+tests/megatron): the vLLM one is loaded here under the name ``vllm_cpu_harness``. Run tests/e2e in
+its own pytest session (as its environment does): tests/export's fixtures destroy the process group
+after each test, and tests/vllm starts its own vLLM distributed state.
 """
 
 from __future__ import annotations
