@@ -52,7 +52,12 @@ def _bypassed(applied, patch_id: str, monkeypatch, take_native_away) -> object:
 def test_layer_spec_check_fails_without_the_modelopt_spec(applied_bridge, monkeypatch):
     from megatron.bridge.models import gpt_provider
 
-    def take_away(mp):  # 0.2: default_layer_spec no longer switches on restore_modelopt_state
+    if applied_bridge["bridge.modelopt_layer_spec"].reason is Reason.NATIVE:
+        # Bridge 0.2 (native) picks ModelOpt's spec inside its own provide(); replacing the class
+        # attribute does not reach that path, so this take-away proves nothing there. Known gap.
+        pytest.skip("no take-away of Bridge 0.2's native ModelOpt spec selection written yet")
+
+    def take_away(mp):
         mp.setattr(gpt_provider.GPTModelProvider, "transformer_layer_spec", gpt_provider.local_layer_spec)
 
     verdict = _bypassed(applied_bridge, "bridge.modelopt_layer_spec", monkeypatch, take_away)
