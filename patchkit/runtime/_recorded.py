@@ -302,6 +302,9 @@ RECORDS = {
             ((('vllm', '0.24.0'),), 'verified', (
                 ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4Config.__init__', '2634aa29b97e6e8b'),
             )),
+            ((('vllm', '0.29.0'),), 'verified', (
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4Config.__init__', '2634aa29b97e6e8b'),
+            )),
             ((('vllm', '0.33.0'),), 'verified', (
                 ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4Config.__init__', '6f9f9b7bcf4bbe5e'),
             )),
