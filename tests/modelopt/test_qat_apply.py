@@ -77,7 +77,10 @@ def test_quantize_mtp_enables_the_mtp_layer(tiny_moe_gpt, cpu_backend):
     model = tiny_moe_gpt()
     apply_qat(model, quantize_mtp=True)
     enabled = _quantizers(model, "weight_quantizer", True)
-    assert "mtp.layers.0.transformer_layer.self_attention.linear_qkv" in enabled
+    # megatron-core 0.17 renamed the MTP layer's inner layer ``transformer_layer`` (0.14-0.16) -> ``mtp_model_layer``.
+    inner = "mtp_model_layer" if hasattr(model.mtp.layers[0], "mtp_model_layer") else "transformer_layer"
+    mtp = {f"mtp.layers.0.{inner}.{suffix}" for suffix in (*LINEARS, *EXPERTS)}
+    assert mtp <= enabled, sorted(mtp - enabled)
     assert "output_layer" not in enabled
 
 
