@@ -8,7 +8,7 @@ import pytest
 import torch
 from modelopt.torch.quantization.nn import TensorQuantizer
 from patchkit.patches.modelopt.qat import QATConfigError, apply_qat
-from qat_fixtures import assert_blocks_on_fp4_grid, batch
+from qat_fixtures import assert_blocks_on_fp4_grid, batch, mtp_inner
 
 LINEARS = ("self_attention.linear_qkv", "self_attention.linear_proj")
 EXPERTS = tuple(f"mlp.experts.local_experts.{e}.linear_fc{i}" for e in range(4) for i in (1, 2))
@@ -77,9 +77,7 @@ def test_quantize_mtp_enables_the_mtp_layer(tiny_moe_gpt, cpu_backend):
     model = tiny_moe_gpt()
     apply_qat(model, quantize_mtp=True)
     enabled = _quantizers(model, "weight_quantizer", True)
-    # megatron-core 0.17 renamed the MTP layer's inner layer ``transformer_layer`` (0.14-0.16) -> ``mtp_model_layer``.
-    inner = "mtp_model_layer" if hasattr(model.mtp.layers[0], "mtp_model_layer") else "transformer_layer"
-    mtp = {f"mtp.layers.0.{inner}.{suffix}" for suffix in (*LINEARS, *EXPERTS)}
+    mtp = {f"{mtp_inner(model)}.{suffix}" for suffix in (*LINEARS, *EXPERTS)}
     assert mtp <= enabled, sorted(mtp - enabled)
     assert "output_layer" not in enabled
 
