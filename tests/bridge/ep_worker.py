@@ -5,6 +5,13 @@ Runs upstream's ``_megatron_local_name_to_global`` on this rank, before and afte
 with a model that carries its own EP group (``pg_collection.ep``: ranks {0, 1} and {2, 3}), which
 Bridge 0.4.2+ reads through ``_get_ep_group``; the patch's wrap applied by hand over upstream's
 function (what forcing it on 0.5+ would do); and ``PATCHKIT_FORCE`` on a native variant.
+
+Ranks are started with the ``spawn`` method and :func:`run` loads the upstreams itself
+(:func:`load_upstreams`). The earlier forkserver preload never ran: Python 3.12's forkserver receives
+the parent's ``sys_path`` but does not apply it, so ``import ep_preload`` failed with
+``ModuleNotFoundError``, which the forkserver swallows. Each rank then imported Bridge without ModelOpt's
+Megatron plugin loaded first, and ModelOpt 0.44/0.47 met the TransformerEngine stub half-way through
+registering its Megatron modules ("ColumnParallelLinear already registered!").
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Callable
 
 NAMES = (
     "decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight",
@@ -41,33 +49,57 @@ def _model_with_ep_group(group):
     return types.SimpleNamespace(pg_collection=types.SimpleNamespace(ep=group))
 
 
-def _forced(patch_id: str) -> dict:
+def _forced(patch_id: str, names: Callable[[], dict[str, str]]) -> dict:
+    """``PATCHKIT_FORCE`` on a native variant: strict mode raises, non-strict records the refusal and skips."""
     import patchkit
 
     os.environ["PATCHKIT_FORCE"] = patch_id
     try:
-        with patchkit.applied(patch_id) as records:
-            return {"states": [(r.reason or r.state).value for r in records]}
-    except Exception as exc:  # the refusal is what is recorded
-        from patchkit.runtime.errors import PatchkitError
+        with patchkit.applied(patch_id, strict=False) as records:
+            result: dict = {"states": [[r.state.value, r.reason and r.reason.value, r.error] for r in records],
+                            "names": names()}  # what the function gives while the refused force is in effect
+        try:
+            with patchkit.applied(patch_id, strict=True):
+                result["strict"] = {"error": None}
+        except Exception as exc:  # the refusal is what is recorded
+            from patchkit.runtime.errors import ForceRefusedError
 
-        return {"error": type(exc).__name__, "message": str(exc), "typed": isinstance(exc, PatchkitError)}
+            result["strict"] = {"error": type(exc).__name__, "message": str(exc),
+                                "refused": isinstance(exc, ForceRefusedError)}
+        return result
     finally:
         del os.environ["PATCHKIT_FORCE"]
 
 
-def run(rank: int, world_size: int, port: int, out_dir: str) -> None:
-    import torch
-    from te_stub import bridge_import_context
+def load_upstreams() -> None:
+    """What the Bridge conftest does, in this fresh interpreter: the harness on ``sys.path``, ModelOpt's
+    Megatron plugin loaded first, then Bridge under the TE import stub. Errors propagate (no silent skip)."""
+    import importlib.util
+    import sys
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=world_size)
+    tests = str(Path(__file__).resolve().parents[1])
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+    from te_harness import bridge_import_context, load_modelopt_megatron_plugin
+
+    if importlib.util.find_spec("modelopt") is not None:
+        load_modelopt_megatron_plugin()
+    with bridge_import_context():
+        import megatron.bridge.models.conversion.model_bridge  # noqa: F401
+
+
+def run(rank: int, world_size: int, out_dir: str) -> None:
+    load_upstreams()
+    import torch
+
+    # A file rendezvous, not a TCP port picked by the parent: ranks load Bridge for seconds before they
+    # bind, and a port found free then was taken by another job in between (EADDRINUSE).
+    rendezvous = f"file://{Path(out_dir, 'rendezvous').resolve()}"
+    torch.distributed.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=world_size)
     try:
+        from megatron.bridge.models.conversion import model_bridge
         from megatron.core import parallel_state
         from megatron.core.transformer import TransformerConfig
-
-        with bridge_import_context():
-            from megatron.bridge.models.conversion import model_bridge
 
         import patchkit
 
@@ -91,7 +123,8 @@ def run(rank: int, world_size: int, port: int, out_dir: str) -> None:
 
         twice = _expert_names.wrap_local_name_to_global(model_bridge._megatron_local_name_to_global)
         result["wrapped_over_upstream"] = _map_all(twice, config)
-        result["forced"] = _forced("bridge.expert_local_to_global")
+        result["forced"] = _forced("bridge.expert_local_to_global",
+                                   lambda: _map_all(model_bridge._megatron_local_name_to_global, config))
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
         parallel_state.destroy_model_parallel()
     finally:

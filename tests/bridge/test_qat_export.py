@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-import socket
 
 import pytest
 import torch
@@ -15,6 +14,7 @@ from packaging.version import Version
 from patchkit.patches.modelopt.qat import apply_qat
 
 import patchkit
+from patchkit.runtime.errors import ForceRefusedError
 
 BRIDGE = Version(importlib.metadata.version("megatron-bridge"))
 EXPORT_PATCHES = (
@@ -167,23 +167,16 @@ def test_upstream_sort_key_orders_both_expert_namings_natively():
         assert sorted(MIXED, key=model_bridge.extract_sort_key) == SORTED
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def ep_results(tmp_path_factory):
     """Each of 4 gloo ranks (EP=4, 8 experts) runs ``ep_worker.run``; their JSON results, by rank."""
-    import multiprocessing
-
     import ep_worker
 
     out = tmp_path_factory.mktemp("ep")
-    multiprocessing.get_context("forkserver").set_forkserver_preload(["ep_preload"])
+    # spawn: fresh interpreters that load ModelOpt's plugin and Bridge in ep_worker.load_upstreams (forking
+    # the pytest process, with gloo and torch threads used, is unsafe; see ep_worker for the forkserver).
     torch.multiprocessing.start_processes(
-        ep_worker.run, args=(4, _free_port(), str(out)), nprocs=4, join=True, start_method="forkserver"
+        ep_worker.run, args=(4, str(out)), nprocs=4, join=True, start_method="spawn"
     )
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(4)]
 
@@ -193,7 +186,15 @@ SEQUENTIAL_1 = "decoder.layers.1.mlp.experts.local_experts.1.linear_fc2.weight"
 GROUPED_0 = "decoder.layers.0.mlp.experts.linear_fc1.weight0"
 GROUPED_1 = "decoder.layers.1.mlp.experts.linear_fc2.weight1"
 UNCHANGED = ("decoder.layers.0.self_attention.linear_qkv.weight", "decoder.layers.0.mlp.router.weight",
-             "decoder.layers.0.mlp.experts.local_experts.1.linear_fc1.weight_quantizer._amax")
+             "decoder.layers.0.mlp.experts.local_experts.1.linear_fc1.weight_quantizer._amax")  # by the patch
+
+
+SEQUENTIAL_QUANTIZER = "decoder.layers.0.mlp.experts.local_experts.1.linear_fc1.weight_quantizer._amax"
+
+
+def _numbered_quantizer(expert: int) -> str:
+    """``SEQUENTIAL_QUANTIZER`` with its expert numbered ``expert`` (Bridge 0.5+'s own naming)."""
+    return SEQUENTIAL_QUANTIZER.replace(".local_experts.1.", f".local_experts.{expert}.")
 
 
 def _global_names_of(first: int, second: int) -> dict[str, str]:
@@ -236,37 +237,43 @@ def test_expert_names_use_the_ep_group_of_the_model_as_upstream_does(ep_results)
 @pytest.mark.slow
 @pytest.mark.skipif(BRIDGE < NATIVE_FROM["bridge.expert_local_to_global"], reason="patched before Bridge 0.5")
 def test_upstream_maps_expert_names_natively_with_the_same_names(ep_results):
-    """0.5+: upstream alone gives the names the patch gave on 0.2-0.4; the wrap on top would renumber twice."""
+    """0.5+: upstream alone gives the names the patch gave on 0.2-0.4; the wrap on top would renumber twice.
+
+    One difference: a SequentialMLP expert's own quantizer state (``local_experts.N...weight_quantizer._amax``)
+    is numbered globally by 0.5+, where the patch leaves every quantizer name as it is (0.2-0.4 export no
+    quantizer state: ``bridge.skip_quantizer_params``). The grouped experts' shared quantizer stays unnumbered.
+    """
     for rank, result in enumerate(ep_results):
         assert result["states"] == ["native"]
         expected = _global_names_of(2 * rank, 2 * rank + 1)
-        assert {name: result["upstream"][name] for name in expected} == expected
+        as_patched = {name: result["upstream"][name] for name in expected if name != SEQUENTIAL_QUANTIZER}
+        assert as_patched == {name: expected[name] for name in as_patched}
+        assert result["upstream"][SEQUENTIAL_QUANTIZER] == _numbered_quantizer(2 * rank + 1)
         assert result["patched"] == result["upstream"]  # nothing was installed
         assert result["upstream"][GROUPED_QUANTIZER] == GROUPED_QUANTIZER  # quantizer state left alone too
+        # The wrap renumbers upstream's global numbers again: + 2 * rank (rank 3: 12, 13, not 6, 7).
         twice = result["wrapped_over_upstream"]
-        assert twice[SEQUENTIAL_0].split(".")[5] == str(2 * rank + 2 * (2 * rank))  # rank 3: 12, not 6
-        assert twice[SEQUENTIAL_1].split(".")[5] == str(2 * rank + 1 + 2 * rank) if rank == 0 else True
+        assert twice[SEQUENTIAL_0] == _global_names_of(4 * rank, 4 * rank + 1)[SEQUENTIAL_0]
+        assert twice[SEQUENTIAL_1] == _global_names_of(4 * rank, 4 * rank + 1)[SEQUENTIAL_1]
         if "_get_ep_group" in dir(model_bridge):
-            assert {name: result["model_group_upstream"][name] for name in expected} == _global_names_of(
-                4 * (rank % 2), 4 * (rank % 2) + 1)
-
-
-def _engine_refuses_forced_native() -> bool:
-    """Whether the engine has the typed refusal of PATCHKIT_FORCE on a native variant (helper "speed")."""
-    from patchkit.runtime import errors
-
-    return any("Native" in name for name in dir(errors))
+            in_group = _global_names_of(4 * (rank % 2), 4 * (rank % 2) + 1)
+            in_group[SEQUENTIAL_QUANTIZER] = _numbered_quantizer(4 * (rank % 2) + 1)
+            assert {name: result["model_group_upstream"][name] for name in expected} == in_group
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(BRIDGE < NATIVE_FROM["bridge.expert_local_to_global"], reason="patched before Bridge 0.5")
-@pytest.mark.xfail(not _engine_refuses_forced_native(), strict=True,
-                   reason="PATCHKIT_FORCE on a native variant is not refused by this engine yet")
 def test_forcing_the_expert_name_patch_where_upstream_is_native_is_refused(ep_results):
+    """PATCHKIT_FORCE on 0.5+ would renumber twice: strict mode raises, non-strict skips as native, error kept."""
     for result in ep_results:
         forced = result["forced"]
-        assert forced.get("typed"), forced
-        assert "native" in forced["message"]
+        ((state, reason, error),) = forced["states"]
+        assert (state, reason) == ("skipped", "native"), forced
+        assert error and "PATCHKIT_FORCE refused" in error and "natively" in error
+        assert forced["strict"]["error"] == ForceRefusedError.__name__ and forced["strict"]["refused"], forced
+        assert "bridge.expert_local_to_global" in forced["strict"]["message"]
+        assert "natively" in forced["strict"]["message"]
+        assert forced["names"] == result["upstream"]  # nothing was installed: upstream's names, not renumbered twice
 
 
 _STARTUP = """

@@ -173,3 +173,10 @@ def ddp_world_worker(rank: int, world_size: int, port: int, result_dir: str) -> 
             parallel_state.destroy_model_parallel()
             torch.distributed.destroy_process_group()
     Path(result_dir, f"rank{rank}.ok").write_text("ok")
+
+
+def mtp_inner(model: Any) -> str:
+    """The MTP layer's inner layer prefix: megatron-core 0.17 renamed ``transformer_layer`` (0.14-0.16)
+    to ``mtp_model_layer``."""
+    inner = "mtp_model_layer" if hasattr(model.mtp.layers[0], "mtp_model_layer") else "transformer_layer"
+    return f"mtp.layers.0.{inner}"

@@ -8,7 +8,7 @@ import pytest
 import torch
 from modelopt.torch.quantization.nn import TensorQuantizer
 from patchkit.patches.modelopt.qat import QATConfigError, apply_qat
-from qat_fixtures import assert_blocks_on_fp4_grid, batch
+from qat_fixtures import assert_blocks_on_fp4_grid, batch, mtp_inner
 
 LINEARS = ("self_attention.linear_qkv", "self_attention.linear_proj")
 EXPERTS = tuple(f"mlp.experts.local_experts.{e}.linear_fc{i}" for e in range(4) for i in (1, 2))
@@ -77,7 +77,8 @@ def test_quantize_mtp_enables_the_mtp_layer(tiny_moe_gpt, cpu_backend):
     model = tiny_moe_gpt()
     apply_qat(model, quantize_mtp=True)
     enabled = _quantizers(model, "weight_quantizer", True)
-    assert "mtp.layers.0.transformer_layer.self_attention.linear_qkv" in enabled
+    mtp = {f"{mtp_inner(model)}.{suffix}" for suffix in (*LINEARS, *EXPERTS)}
+    assert mtp <= enabled, sorted(mtp - enabled)
     assert "output_layer" not in enabled
 
 

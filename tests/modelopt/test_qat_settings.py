@@ -13,9 +13,10 @@ from patchkit.patches.modelopt.qat import (
     qat_settings,
     weight_amax,
 )
+from qat_fixtures import mtp_inner  # noqa: E402
 
-QKV = "decoder.layers.0.self_attention.linear_qkv"
-MTP_QKV = "mtp.layers.0.transformer_layer.self_attention.linear_qkv"
+QKV_SUFFIX = "self_attention.linear_qkv"
+QKV = f"decoder.layers.0.{QKV_SUFFIX}"
 
 
 def _enabled(model) -> set[str]:
@@ -34,7 +35,7 @@ def test_settings_record_the_mode_the_options_and_what_modelopt_quantized(tiny_m
     assert settings.mode == "w4a16_nvfp4" and settings.quantize_mtp is False
     assert settings.ignore == ("*router*",) and settings.ignore_megatron == ("*router*",)
     assert set(settings.quantized) == _enabled(model) and QKV in settings.quantized
-    assert "output_layer" in settings.excluded and MTP_QKV in settings.excluded
+    assert "output_layer" in settings.excluded and f"{mtp_inner(model)}.{QKV_SUFFIX}" in settings.excluded
     assert settings.mtp_quantized == () and settings.input_quantizers_enabled is False
     assert settings.backend == "patchkit_nvfp4_cpu"
 
@@ -45,7 +46,7 @@ def test_mtp_layers_stay_high_precision_by_default_and_quantize_on_request(tiny_
     apply_qat(asked, quantize_mtp=True)
     assert not any(name.startswith("mtp.") for name in _enabled(default))
     mtp = {name for name in _enabled(asked) if name.startswith("mtp.")}
-    assert MTP_QKV in mtp and "mtp.layers.0.eh_proj" in mtp
+    assert f"{mtp_inner(asked)}.{QKV_SUFFIX}" in mtp and "mtp.layers.0.eh_proj" in mtp
     assert set(qat_settings(asked).mtp_quantized) == mtp and qat_settings(asked).quantize_mtp is True
     # The decoder is quantized the same way either way.
     assert _enabled(default) == _enabled(asked) - mtp
