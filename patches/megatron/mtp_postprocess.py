@@ -82,6 +82,7 @@ PATCHES = (
     ),
     Patch(
         id="megatron.mtp_recompute",
+        self_check="._selfchecks:check_mtp_recompute",
         summary=(
             "MultiTokenPredictionLayer's recomputed forward takes non-tensor arguments "
             "(packed_seq_params, ...) by closure (0.14-0.17) and padding_mask (0.18), as upstream 0.19 does."

@@ -10,7 +10,8 @@ from patchkit.doctor import FAILED, VERIFIED, run
 from patchkit.runtime.status import Reason
 from patchkit.selfcheck import patches_as_they_were, upstream_behaviour
 
-CHECKED = ("megatron.mtp_postprocess", "megatron.mtp_detach_inputs", "megatron.swiglu_singleton_local_shards")
+CHECKED = ("megatron.mtp_postprocess", "megatron.mtp_detach_inputs", "megatron.mtp_recompute",
+           "megatron.swiglu_singleton_local_shards")
 
 @pytest.fixture(autouse=True)
 def _doctor_leaves_no_patch_applied():
@@ -48,6 +49,42 @@ def test_mtp_detach_check_fails_with_upstreams_embeddings(applied_mtp):
         (verdict,) = run(["megatron.mtp_detach_inputs"], device="cpu")[0]
     assert verdict.verdict == FAILED
     assert "the MTP loss leaves the embedding's gradient unchanged" in verdict.message
+
+
+# 0.18 hands padding_mask to a _checkpointed_forward without the parameter on every recompute, mask or not.
+PADDING_MASK_REFUSED = ("a recomputed MTP layer runs forward and backward with packed sequences (packed_seq_params): "
+                        "expected gradients for its parameters, found TypeError: ")
+
+
+def test_mtp_recompute_check_fails_with_upstreams_checkpointed_forward():
+    """0.14-0.18: the patch bypassed. 0.19 (native): 0.18's ``_checkpointed_forward``, without padding_mask."""
+    from megatron.core.transformer.multi_token_prediction import MultiTokenPredictionLayer
+
+    with patchkit.applied("megatron.mtp_recompute") as (status,):
+        if status.reason is Reason.NATIVE:
+            native = MultiTokenPredictionLayer._checkpointed_forward
+
+            def without_padding_mask(self, hidden_states, decoder_input, attention_mask=None, context=None,
+                                     context_mask=None, rotary_pos_emb=None, rotary_pos_cos=None, rotary_pos_sin=None,
+                                     attention_bias=None, inference_params=None, packed_seq_params=None,
+                                     sequence_len_offset=None):
+                return native(self, hidden_states, decoder_input, attention_mask, None, context, context_mask,
+                              rotary_pos_emb, rotary_pos_cos, rotary_pos_sin, attention_bias, inference_params,
+                              packed_seq_params, sequence_len_offset)
+
+            with pytest.MonkeyPatch.context() as monkeypatch:
+                monkeypatch.setattr(MultiTokenPredictionLayer, "_checkpointed_forward", without_padding_mask)
+                (verdict,) = run(["megatron.mtp_recompute"], device="cpu")[0]
+            expected = PADDING_MASK_REFUSED
+        else:
+            with upstream_behaviour("megatron.mtp_recompute"):
+                (verdict,) = run(["megatron.mtp_recompute"], device="cpu")[0]
+            expected = (PADDING_MASK_REFUSED if status.variant == "accept-padding-mask" else
+                        "takes a non-tensor keyword (packed_seq_params): expected a checkpointed forward and "
+                        "backward, found TypeError: save_for_backward")
+    assert verdict.verdict == FAILED
+    assert expected in verdict.message, verdict.message
+    assert expected != PADDING_MASK_REFUSED or "unexpected keyword argument 'padding_mask'" in verdict.message
 
 
 def test_swiglu_native_check_fails_on_a_core_without_the_parameter(monkeypatch):

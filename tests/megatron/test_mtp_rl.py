@@ -28,6 +28,9 @@ from mtp_checks import (
     token_loss_from_logits,
 )
 from packaging.version import Version
+
+# The same drivers as the self-check (``check_mtp_recompute``): one piece of code.
+from patchkit.patches.megatron._mtp_recompute_probe import RECOMPUTE, checkpointed_call_grad, mtp_layer_grads
 from tiny_gpt import VOCAB_SIZE, Batch
 
 import patchkit
@@ -252,62 +255,6 @@ def test_enable_per_model_takes_wrappers_and_options(tiny_gpt: Callable[..., Any
 # 6. Recompute: the MTP layer's checkpointed forward with non-tensor arguments.
 
 
-def _mtp_layer_checkpointed_call(layer: Any) -> torch.Tensor:
-    """0.14-0.17's ``_checkpointed_forward(forward_func, **kwargs)`` given a non-tensor keyword."""
-    from megatron.core.packed_seq_params import PackedSeqParams
-
-    hidden = torch.randn(4, 2, 8, requires_grad=True)
-    packed = PackedSeqParams(qkv_format="thd")
-
-    def forward_func(hidden_states: torch.Tensor, scale: torch.Tensor, packed_seq_params: Any = None) -> torch.Tensor:
-        assert packed_seq_params is packed
-        return hidden_states * scale
-
-    out = layer._checkpointed_forward(forward_func, hidden_states=hidden, scale=torch.tensor(3.0),
-                                      packed_seq_params=packed)
-    out.sum().backward()
-    return hidden.grad
-
-
-def _packed_mtp_layer_forward(model: Any) -> dict[str, torch.Tensor]:
-    """The MTP layer's own forward on a packed (THD) batch; returns the MTP parameters' gradients.
-
-    Stand-in, documented: attention over packed sequences is TransformerEngine's (CUDA-only), so
-    the layer's ``_proj_and_transformer_layer`` is called with ``packed_seq_params`` checked and
-    then dropped (the local attention runs the tokens as one causal sequence). Everything else,
-    recompute included, is upstream's code.
-    """
-    import inspect
-
-    from megatron.core.packed_seq_params import PackedSeqParams
-
-    layer = model.mtp.layers[0]
-    real = layer._proj_and_transformer_layer
-    signature = inspect.signature(real)
-    cu_seqlens = torch.tensor([0, 7, 16], dtype=torch.int32)
-    packed = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu_seqlens, cu_seqlens_kv=cu_seqlens,
-                             max_seqlen_q=9, max_seqlen_kv=9)
-
-    def stand_in(*args: Any, **kwargs: Any) -> torch.Tensor:
-        bound = signature.bind(*args, **kwargs)
-        assert bound.arguments.get("packed_seq_params") is packed, "packed_seq_params lost on the way"
-        bound.arguments["packed_seq_params"] = None
-        return real(*bound.args, **bound.kwargs)
-
-    layer._proj_and_transformer_layer = stand_in
-    generator = torch.Generator().manual_seed(9)
-    tokens = torch.randint(0, VOCAB_SIZE, (1, 16), generator=generator)
-    hidden = torch.randn(16, 1, 64, generator=generator, requires_grad=True)
-    out = layer(
-        input_ids=tokens, position_ids=torch.arange(16).unsqueeze(0), hidden_states=hidden,
-        attention_mask=torch.ones(16, 16, dtype=torch.bool).triu(1).view(1, 1, 16, 16),
-        packed_seq_params=packed, embedding=model.embedding,
-    )
-    out = out[0] if isinstance(out, tuple) else out
-    out.square().sum().backward()
-    return {n: p.grad.clone() for n, p in layer.named_parameters() if p.grad is not None}
-
-
 def test_recompute_patch_applies_below_019_and_is_native_after(megatron_cpu: None) -> None:
     with patchkit.applied("megatron.mtp_recompute") as records:
         (record,) = records
@@ -320,24 +267,22 @@ def test_recompute_patch_applies_below_019_and_is_native_after(megatron_cpu: Non
 
 @pytest.mark.skipif(MCORE >= Version("0.18"), reason="0.18 rewrote the method (forward_func no longer passed)")
 def test_checkpointed_mtp_forward_takes_non_tensor_arguments(tiny_gpt: Callable[..., Any]) -> None:
-    layer = tiny_gpt(mtp_num_layers=1, recompute_granularity="full", recompute_method="uniform",
-                     recompute_num_layers=1).mtp.layers[0]
+    layer = tiny_gpt(mtp_num_layers=1, **RECOMPUTE).mtp.layers[0]
     with pytest.raises(TypeError, match="save_for_backward"):  # upstream's failure, reproduced
-        _mtp_layer_checkpointed_call(layer)
+        checkpointed_call_grad(layer)
     with patchkit.applied("megatron.mtp_recompute"):
-        grad = _mtp_layer_checkpointed_call(layer)
+        grad = checkpointed_call_grad(layer)
     assert torch.equal(grad, torch.full_like(grad, 3.0))
 
 
 @pytest.mark.skipif(MCORE < Version("0.16"), reason="0.14/0.15 refuse packed sequences in the MTP layer")
 def test_recomputed_mtp_layer_runs_packed_sequences(tiny_gpt: Callable[..., Any]) -> None:
-    recompute = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
     if MCORE < Version("0.18"):
         with pytest.raises(TypeError, match="save_for_backward"):  # upstream's failure, reproduced
-            _packed_mtp_layer_forward(tiny_gpt(mtp_num_layers=1, **recompute))
-    with patchkit.applied("megatron.mtp_recompute"):  # 0.18+: native, nothing installed
-        recomputed = _packed_mtp_layer_forward(tiny_gpt(mtp_num_layers=1, **recompute))
-        plain = _packed_mtp_layer_forward(tiny_gpt(mtp_num_layers=1))
+            mtp_layer_grads(tiny_gpt(mtp_num_layers=1, **RECOMPUTE), packed=True)
+    with patchkit.applied("megatron.mtp_recompute"):
+        recomputed = mtp_layer_grads(tiny_gpt(mtp_num_layers=1, **RECOMPUTE), packed=True)
+        plain = mtp_layer_grads(tiny_gpt(mtp_num_layers=1), packed=True)
     assert recomputed.keys() == plain.keys() and plain
     for name, grad in plain.items():
         torch.testing.assert_close(recomputed[name], grad, atol=ATOL, rtol=0, msg=name)
@@ -348,27 +293,14 @@ def test_recomputed_mtp_layer_runs_packed_sequences(tiny_gpt: Callable[..., Any]
 def test_recomputed_mtp_layer_takes_a_padding_mask(tiny_gpt: Callable[..., Any], masked: bool) -> None:
     # 0.18's forward hands padding_mask to a _checkpointed_forward that does not take it: TypeError on
     # every MTP recompute, mask or not. 0.19 takes it (native).
-    recompute = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
-    generator = torch.Generator().manual_seed(4)
-    tokens = torch.randint(0, VOCAB_SIZE, (2, 16), generator=generator)
-    hidden = torch.randn(16, 2, 64, generator=generator)
-    padding_mask = torch.zeros(2, 16, dtype=torch.bool)
-    padding_mask[1, -5:] = True
-
     def mtp_grads(model: Any) -> dict[str, torch.Tensor]:
-        out, *_ = model.mtp.layers[0](
-            input_ids=tokens, position_ids=torch.arange(16).expand(2, 16), hidden_states=hidden.clone(),
-            attention_mask=torch.ones(16, 16, dtype=torch.bool).triu(1).view(1, 1, 16, 16),
-            padding_mask=padding_mask if masked else None, embedding=model.embedding,
-        )
-        out.square().sum().backward()
-        return {n: p.grad.clone() for n, p in model.mtp.named_parameters() if p.grad is not None}
+        return mtp_layer_grads(model, padding_mask=masked, batch_size=2)
 
     if MCORE < Version("0.19"):
         with pytest.raises(TypeError, match="padding_mask"):  # upstream's failure, reproduced
-            mtp_grads(tiny_gpt(mtp_num_layers=1, **recompute))
+            mtp_grads(tiny_gpt(mtp_num_layers=1, **RECOMPUTE))
     with patchkit.applied("megatron.mtp_recompute"):
-        recomputed = mtp_grads(tiny_gpt(mtp_num_layers=1, **recompute))
+        recomputed = mtp_grads(tiny_gpt(mtp_num_layers=1, **RECOMPUTE))
     plain = mtp_grads(tiny_gpt(mtp_num_layers=1))
     assert plain and recomputed.keys() == plain.keys()
     for name, grad in plain.items():
