@@ -1,6 +1,6 @@
 """Real vLLM layers on a machine without CUDA, for the vLLM self-check (and the tests, which share it).
 
-Two redirects, both reverted on exit, nothing else of vLLM replaced:
+Redirects, each reverted on exit, nothing else of vLLM replaced:
 
 - ``vllm.model_executor.kernels.linear._POSSIBLE_NVFP4_KERNELS[<CPU platform>]`` is set to
   ``[EmulationNvFp4LinearKernel]``. Upstream lists its emulation kernel (a dequantise-then-matmul in
@@ -8,6 +8,11 @@ Two redirects, both reverted on exit, nothing else of vLLM replaced:
   emulation kernel itself is vLLM's, unchanged.
 - ``Nvfp4QuantizationEmulationTritonExperts._supports_current_device`` answers True, so the NVFP4 MoE
   oracle selects its emulation backend and MoE layers can be built and processed on CPU.
+
+- :func:`cpu_marlin_layout` only (W4A16 checks): ``MarlinNvFp4LinearKernel.is_supported`` answers True
+  and the CUDA op ``gptq_marlin_repack`` is replaced by a reshape to the shape Marlin returns, so
+  W4A16 (Marlin) layers are built and processed on CPU by vLLM's own code; the repacked weight is a
+  stand-in layout, not Marlin's, and no Marlin forward can run.
 
 :func:`vllm_context` starts what vLLM layers need to be built (a current ``VllmConfig`` and
 model-parallel state of world size 1) unless the process already has it, and tears down what it started.
@@ -92,3 +97,26 @@ def cpu_nvfp4_kernels() -> Iterator[None]:
             del EmulationExperts._supports_current_device
         else:
             EmulationExperts._supports_current_device = saved_device_check
+
+
+@contextlib.contextmanager
+def cpu_marlin_layout() -> Iterator[None]:
+    """W4A16 (Marlin) NVFP4 linear layers buildable and processable on CPU (see the module docstring)."""
+    import torch
+    import vllm._custom_ops as ops
+    from vllm.model_executor.kernels.linear.nvfp4.marlin import MarlinNvFp4LinearKernel
+
+    def repack_standin(b_q_weight: torch.Tensor, size_k: int, size_n: int, num_bits: int,
+                       **_: object) -> torch.Tensor:  # 0.24 passes perm=, 0.33 is_a_8bit=
+        assert num_bits == 4
+        return b_q_weight.reshape(size_k // 16, size_n * 16 // 8).clone()
+
+    saved_repack = ops.gptq_marlin_repack
+    saved_supported = MarlinNvFp4LinearKernel.__dict__["is_supported"]
+    ops.gptq_marlin_repack = repack_standin
+    MarlinNvFp4LinearKernel.is_supported = classmethod(lambda cls, compute_capability=None: (True, None))
+    try:
+        yield
+    finally:
+        ops.gptq_marlin_repack = saved_repack
+        MarlinNvFp4LinearKernel.is_supported = saved_supported

@@ -160,6 +160,38 @@ class TwoLinears(torch.nn.Module):
         return AutoWeightsLoader(self).load_weights(weights)
 
 
+class Bf16Linears(torch.nn.Module):
+    """Two bf16 NVFP4 layers (``up`` 128 -> 64, ``down`` 64 -> 128) of a checkpoint whose ``quant_algo`` is given.
+
+    ``"W4A16_NVFP4"`` builds vLLM's W4A16 (Marlin) layers; ``"NVFP4"`` what vLLM builds for a W4A4
+    checkpoint (or, with ``vllm.nvfp4_marlin_w4a16`` applied, W4A16 again). Marlin takes bf16/fp16 only.
+    """
+
+    def __init__(self, quant_algo: str = "W4A16_NVFP4", retain_for_gather: bool = False) -> None:
+        from vllm.model_executor.layers.linear import ColumnParallelLinear, RowParallelLinear
+        from vllm.model_executor.layers.quantization.modelopt import ModelOptNvFp4Config
+
+        super().__init__()
+        quant_config = ModelOptNvFp4Config(quant_algo, True, None, [], 16)
+        self.quant_algo = quant_config.quant_method  # what the config made of the checkpoint's algorithm
+        self.up = ColumnParallelLinear(128, 64, bias=False, quant_config=quant_config, prefix=UP,
+                                       params_dtype=torch.bfloat16)
+        self.down = RowParallelLinear(64, 128, bias=False, quant_config=quant_config, prefix=DOWN,
+                                      params_dtype=torch.bfloat16)
+        if retain_for_gather:  # as Qwen3 DSpark's Markov head sets it (vLLM 0.33)
+            self.down._retain_weight_for_gather = True
+
+    def load_weights(self, weights):
+        from vllm.model_executor.models.utils import AutoWeightsLoader
+
+        return AutoWeightsLoader(self).load_weights(weights)
+
+
+def kernel_name(layer: torch.nn.Module) -> str:
+    """The class name of the linear kernel vLLM chose for ``layer`` ("NoneType" when the method has none)."""
+    return type(getattr(layer.quant_method, "kernel", None)).__name__
+
+
 def loaded_model(weights: dict[str, torch.Tensor]) -> TwoLinears:
     model = TwoLinears()
     model.load_weights(items(weights))

@@ -1,4 +1,7 @@
-"""Self-check of the vLLM patch: an export -> refit round trip of vLLM's own ModelOpt NVFP4 linear layers.
+"""Self-checks of the vLLM patches, built from vLLM's own ModelOpt NVFP4 linear layers.
+
+``check_nvfp4_refit`` (``vllm.nvfp4_refit``): an export -> refit round trip.
+``check_nvfp4_marlin_w4a16`` (``vllm.nvfp4_marlin_w4a16``): an NVFP4 checkpoint served as W4A16 on Marlin.
 
 Run by ``patchkit doctor`` (see :mod:`patchkit.selfcheck`) and by ``tests/vllm``. Two vLLM
 ``ColumnParallelLinear``/``RowParallelLinear`` layers with ``ModelOptNvFp4Config`` are loaded through
@@ -12,6 +15,7 @@ vLLM's own NVFP4 emulation kernel runs (``_cpu_stand_in``).
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -21,14 +25,19 @@ from patchkit.selfcheck import CheckContext, SelfCheckFailed, expect
 from ._nvfp4_checkpoint import (
     DOWN,
     UP,
+    Bf16Linears,
     TwoLinears,
+    dequantize,
     exact_activations,
     export_nvfp4,
     items,
+    kernel_name,
+    linear_checkpoint,
     linear_reference,
     process_weights_after_loading,
     weights_a,
 )
+from ._nvfp4_marlin_w4a16_impl import as_checkpoint_says
 
 IN_FEATURES = {UP: 64, DOWN: 32}
 
@@ -62,7 +71,8 @@ def check_nvfp4_refit(context: CheckContext) -> None:
 
     first, exported = weights_a(), exported_weights()  # on the CPU, from CPU generators
     with vllm_context(context.device):
-        with torch.device(context.device):  # where vLLM's model loader builds layers
+        # W4A4 layers, as the checkpoint says, even where vllm.nvfp4_marlin_w4a16 is on in this process.
+        with torch.device(context.device), as_checkpoint_says():  # the device: where vLLM's loader builds layers
             model: Any = TwoLinears()
         model.load_weights(items(first))
         process_weights_after_loading(model)
@@ -84,3 +94,46 @@ def check_nvfp4_refit(context: CheckContext) -> None:
             moved = sorted(k for k, v in _kernel_tensors(model).items() if kernel_before.get(k) != v)
             expect(not moved, f"the {step} keeps every kernel tensor (same object, same storage)", "none replaced",
                    moved)
+
+
+MARLIN = "MarlinNvFp4LinearKernel"
+
+
+def check_nvfp4_marlin_w4a16(context: CheckContext) -> None:
+    """Layers of an NVFP4 (W4A4) checkpoint run vLLM's W4A16 Marlin kernel and load the W4A4-shaped checkpoint.
+
+    Built as vLLM builds them from ``hf_quant_config`` ``quant_algo: NVFP4``. On CPU, Marlin's CUDA
+    repack is stood in (``_cpu_stand_in.cpu_marlin_layout``) and no Marlin forward can run; on CUDA
+    the layers' output must also equal the W4A16 product (bf16 activations times the dequantised
+    weight), which activation quantisation (W4A4) would not give.
+    """
+    from ._cpu_stand_in import cpu_marlin_layout, vllm_context
+
+    device = context.device
+    # A W4A4 checkpoint: with activation scales, which W4A16 loads and then drops.
+    weights = {**linear_checkpoint(UP, seed=1, out_features=64, in_features=128, weight_scale_2=0.01, input_scale=1.0),
+               **linear_checkpoint(DOWN, seed=2, out_features=128, in_features=64, weight_scale_2=0.02,
+                                   input_scale=1.0)}
+    with vllm_context(device), cpu_marlin_layout() if device == "cpu" else contextlib.nullcontext():
+        with torch.device(device):
+            model: Any = Bf16Linears("NVFP4")
+        kernels = {name: kernel_name(getattr(model, name)) for name in (UP, DOWN)}
+        expect(kernels == dict.fromkeys(kernels, MARLIN), "layers of an NVFP4 (W4A4) checkpoint run vLLM's W4A16 "
+               "Marlin kernel (16-bit activations)", dict.fromkeys(kernels, MARLIN), kernels)
+        try:
+            model.load_weights(items({k: v.to(device) for k, v in weights.items()}))
+            process_weights_after_loading(model)
+        except Exception as exc:
+            found = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            raise SelfCheckFailed("the W4A16 layers load and process an NVFP4 checkpoint with activation scales",
+                                  "loaded", found) from exc
+        if device != "cuda":
+            return
+        for name, in_features in ((UP, 128), (DOWN, 64)):
+            x = torch.randn(8, in_features, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+            w = dequantize(*(weights[f"{name}.{part}"] for part in ("weight", "weight_scale", "weight_scale_2")))
+            reference = x.float() @ w.T
+            out = getattr(model, name)(x.to(device))[0].float().cpu()
+            error = float((out - reference).abs().max() / reference.abs().max())
+            expect(error <= 2e-2, f"{name} serves the W4A16 product (largest difference relative to the largest "
+                   "output; bf16 rounding)", "<= 2e-2", f"{error:.3g}")

@@ -88,27 +88,5 @@ def vllm_cpu_config(model_dir: Path) -> Iterator[object]:
         yield config
 
 
-# The NVFP4 emulation redirect is shipped (the vLLM self-check uses it): one copy.
-from patchkit.patches.vllm._cpu_stand_in import cpu_nvfp4_kernels  # noqa: E402,F401
-
-
-@contextlib.contextmanager
-def cpu_marlin_layout() -> Iterator[None]:
-    """W4A16 (Marlin) NVFP4 linear layers buildable and processable on CPU (see module docstring)."""
-    import vllm._custom_ops as ops
-    from vllm.model_executor.kernels.linear.nvfp4.marlin import MarlinNvFp4LinearKernel
-
-    def repack_standin(b_q_weight: torch.Tensor, size_k: int, size_n: int, num_bits: int,
-                       **_: object) -> torch.Tensor:  # 0.24 passes perm=, 0.33 is_a_8bit=
-        assert num_bits == 4
-        return b_q_weight.reshape(size_k // 16, size_n * 16 // 8).clone()
-
-    saved_repack = ops.gptq_marlin_repack
-    saved_supported = MarlinNvFp4LinearKernel.__dict__["is_supported"]
-    ops.gptq_marlin_repack = repack_standin
-    MarlinNvFp4LinearKernel.is_supported = classmethod(lambda cls, compute_capability=None: (True, None))
-    try:
-        yield
-    finally:
-        ops.gptq_marlin_repack = saved_repack
-        MarlinNvFp4LinearKernel.is_supported = saved_supported
+# The NVFP4 emulation and Marlin-layout redirects are shipped (the vLLM self-checks use them): one copy.
+from patchkit.patches.vllm._cpu_stand_in import cpu_marlin_layout, cpu_nvfp4_kernels  # noqa: E402,F401

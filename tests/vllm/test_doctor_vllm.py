@@ -53,3 +53,25 @@ def test_nvfp4_refit_check_fails_with_upstreams_layer_methods(applied_refit):
     assert verdict.verdict == FAILED
     assert "refit with exported weights of vLLM's NVFP4 linear layers: expected the layers take the new weights, " \
         "found " in verdict.message, verdict.message
+
+
+# --- vllm.nvfp4_marlin_w4a16 (opt-in) ---
+
+MARLIN = "vllm.nvfp4_marlin_w4a16"
+
+
+def test_marlin_w4a16_check_is_verified_and_the_refit_check_still_checks_w4a4_layers():
+    # The doctor applies the opt-in option in its process; the refit check still builds W4A4 layers.
+    found = {v.id: v for v in run([MARLIN, PATCH], device="cpu")[0]}
+    assert {k: v.verdict for k, v in found.items()} == {MARLIN: VERIFIED, PATCH: VERIFIED}, \
+        {k: v.message for k, v in found.items()}
+
+
+def test_marlin_w4a16_check_fails_with_upstreams_config():
+    with patchkit.applied(MARLIN), upstream_behaviour(MARLIN):
+        (verdict,) = run([MARLIN], device="cpu")[0]
+    assert verdict.verdict == FAILED
+    assert ("layers of an NVFP4 (W4A4) checkpoint run vLLM's W4A16 Marlin kernel (16-bit activations): expected "
+            "{'up': 'MarlinNvFp4LinearKernel', 'down': 'MarlinNvFp4LinearKernel'}, found "
+            "{'up': 'EmulationNvFp4LinearKernel', 'down': 'EmulationNvFp4LinearKernel'}") in verdict.message, \
+        verdict.message

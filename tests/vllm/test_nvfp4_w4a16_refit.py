@@ -24,6 +24,7 @@ from nvfp4_helpers import (
     linear_checkpoint,
     process_weights_after_loading,
 )
+from patchkit.patches.vllm._nvfp4_checkpoint import Bf16Linears, kernel_name
 from patchkit.patches.vllm.refit import RefitError, refit_weights
 
 GATHER_BUFFERS = ("_nvfp4_weight_for_gather", "_nvfp4_weight_scale_for_gather", "_nvfp4_weight_global_scale_for_gather")
@@ -40,24 +41,8 @@ def w4a16_weights(seed: int, *, with_input_scale: bool = False) -> dict[str, tor
     return weights if with_input_scale else {k: v for k, v in weights.items() if not k.endswith("input_scale")}
 
 
-class W4A16Linears(torch.nn.Module):
-    def __init__(self, retain_for_gather: bool = False) -> None:
-        from vllm.model_executor.layers.linear import ColumnParallelLinear, RowParallelLinear
-        from vllm.model_executor.layers.quantization.modelopt import ModelOptNvFp4Config
-
-        super().__init__()
-        quant_config = ModelOptNvFp4Config("W4A16_NVFP4", True, None, [], 16)
-        self.up = ColumnParallelLinear(128, 64, bias=False, quant_config=quant_config, prefix="up",
-                                       params_dtype=torch.bfloat16)
-        self.down = RowParallelLinear(64, 128, bias=False, quant_config=quant_config, prefix="down",
-                                      params_dtype=torch.bfloat16)
-        if retain_for_gather:  # as Qwen3 DSpark's Markov head sets it (vLLM 0.33)
-            self.down._retain_weight_for_gather = True
-
-    def load_weights(self, weights):
-        from vllm.model_executor.models.utils import AutoWeightsLoader
-
-        return AutoWeightsLoader(self).load_weights(weights)
+def W4A16Linears(retain_for_gather: bool = False) -> Bf16Linears:  # noqa: N802 - reads as the model class
+    return Bf16Linears("W4A16_NVFP4", retain_for_gather)
 
 
 def loaded(weights: dict[str, torch.Tensor], retain_for_gather: bool = False) -> W4A16Linears:
@@ -127,24 +112,9 @@ def test_gather_buffers_follow_every_refit(
 # --- vllm.nvfp4_marlin_w4a16: an NVFP4 checkpoint served as W4A16 on Marlin, as verl does ---------
 
 
-class W4A4ConfiguredLinears(W4A16Linears):
+def W4A4ConfiguredLinears() -> Bf16Linears:  # noqa: N802 - reads as the model class
     """The same layers, configured as an NVFP4 (W4A4) checkpoint's ``hf_quant_config`` says."""
-
-    def __init__(self) -> None:
-        from vllm.model_executor.layers.linear import ColumnParallelLinear, RowParallelLinear
-        from vllm.model_executor.layers.quantization.modelopt import ModelOptNvFp4Config
-
-        torch.nn.Module.__init__(self)
-        quant_config = ModelOptNvFp4Config("NVFP4", True, None, [], 16)
-        self.quant_algo = quant_config.quant_method
-        self.up = ColumnParallelLinear(128, 64, bias=False, quant_config=quant_config, prefix="up",
-                                       params_dtype=torch.bfloat16)
-        self.down = RowParallelLinear(64, 128, bias=False, quant_config=quant_config, prefix="down",
-                                      params_dtype=torch.bfloat16)
-
-
-def kernel_name(layer: torch.nn.Module) -> str:
-    return type(layer.quant_method.kernel).__name__
+    return Bf16Linears("NVFP4")
 
 
 def test_marlin_w4a16_option_is_opt_in(cpu_nvfp4_kernels: None) -> None:
@@ -174,3 +144,18 @@ def test_marlin_w4a16_option_serves_an_nvfp4_checkpoint_as_w4a16(
             assert_same_tensors(model, loaded(weights))
         refit_weights(model, items(w4a16_weights(3)))  # and a W4A16 export without them
         assert_same_tensors(model, loaded(w4a16_weights(3)))
+
+
+def test_marlin_w4a16_option_is_suspended_where_layers_must_follow_the_checkpoint(
+    cpu_marlin_layout: None, vllm_config: object
+) -> None:
+    from patchkit.patches.vllm._nvfp4_marlin_w4a16_impl import as_checkpoint_says
+
+    import patchkit
+
+    with patchkit.applied("vllm.nvfp4_marlin_w4a16"):
+        with as_checkpoint_says():
+            kept = W4A4ConfiguredLinears()
+        served = W4A4ConfiguredLinears()
+    assert (kept.quant_algo, kernel_name(kept.up)) == ("NVFP4", "EmulationNvFp4LinearKernel")
+    assert (served.quant_algo, kernel_name(served.up)) == ("W4A16_NVFP4", "MarlinNvFp4LinearKernel")
