@@ -1,0 +1,73 @@
+"""Every shipped patch can be proven by `patchkit doctor`, and no self-check can pass vacuously.
+
+Read statically (no upstream needed): each declared patch names a self-check that is a function of
+its family's ``_selfchecks`` module, and at least one test marked ``@pytest.mark.breaks(<id>)`` puts
+upstream's behaviour back in the patch's place and expects that check to fail. Those tests run in
+their upstream's environment (tests/megatron, tests/bridge, tests/modelopt, tests/vllm).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from patchkit.runtime.catalogue import load
+
+TESTS = Path(__file__).resolve().parents[1]
+
+
+def shipped():
+    registered, errors = load()
+    assert not errors, errors
+    return registered
+
+
+def functions_of(module_file: Path) -> set[str]:
+    tree = ast.parse(module_file.read_text(encoding="utf-8"))
+    return {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+
+
+def broken_tests() -> dict[str, list[str]]:
+    """patch id -> the tests marked ``@pytest.mark.breaks(<id>)``, from every test module's source."""
+    found: dict[str, list[str]] = {}
+    for path in sorted(TESTS.rglob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            for decorator in node.decorator_list:
+                if (isinstance(decorator, ast.Call) and ast.unparse(decorator.func) == "pytest.mark.breaks"
+                        and decorator.args and isinstance(decorator.args[0], ast.Constant)):
+                    found.setdefault(decorator.args[0].value, []).append(f"{path.relative_to(TESTS)}::{node.name}")
+    return found
+
+
+def test_the_catalogue_is_not_empty():
+    assert len(shipped()) >= 10
+
+
+@pytest.mark.parametrize("registered", shipped(), ids=lambda r: r.patch.id)
+def test_every_patch_declares_a_self_check_beside_its_implementation(registered):
+    reference = registered.patch.self_check
+    assert isinstance(reference, str), f"{registered.patch.id} declares no self_check"
+    module, _, function = reference.partition(":")
+    assert module == "._selfchecks", f"{registered.patch.id}: self-checks live in its family's _selfchecks module"
+    spec = importlib.util.find_spec(registered.package)
+    assert spec is not None and spec.submodule_search_locations
+    checks = Path(next(iter(spec.submodule_search_locations))) / "_selfchecks.py"
+    assert function in functions_of(checks), f"{registered.patch.id}: {checks} defines no {function}()"
+
+
+@pytest.mark.parametrize("registered", shipped(), ids=lambda r: r.patch.id)
+def test_every_patch_has_a_test_that_breaks_it_and_expects_its_check_to_fail(registered):
+    assert registered.patch.id in broken_tests(), (
+        f"no test is marked @pytest.mark.breaks({registered.patch.id!r}): write one that puts upstream's "
+        "behaviour back (patchkit.selfcheck.upstream_behaviour, or take a native feature away) and expects "
+        "the doctor's verdict 'failed' with expected and found")
+
+
+def test_every_breaks_marker_names_a_shipped_patch():
+    ids = {r.patch.id for r in shipped()}
+    assert {pid: tests for pid, tests in broken_tests().items() if pid not in ids} == {}
