@@ -27,7 +27,8 @@ import traceback
 from typing import IO, Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 from ..runtime.catalogue import Registered
-from ..runtime.declaration import Patch, Replace, Target, Wrap
+from ..runtime.declaration import Patch, Replace, Wrap
+from ..runtime.drift import MatrixSource
 from ..runtime.engine import Engine
 from ..runtime.errors import ConfigError, UnknownPatchError
 from ..runtime.status import PatchStatus, Reason, State
@@ -125,26 +126,33 @@ def _describe(exc: BaseException) -> str:
     return f"the self-check raised {type(exc).__name__}: {exc}{where}"
 
 
-def fingerprints(patch: Patch, status: PatchStatus) -> dict[str, dict[str, str | None]]:
-    """Each Replace/Wrap target's installed fingerprint and how it compares with the matrix's records."""
+def fingerprints(patch: Patch, status: PatchStatus, matrix: MatrixSource = None) -> dict[str, dict[str, str | None]]:
+    """Each Replace/Wrap target's installed fingerprint and how it compares with the variant's records.
+
+    The records are the ones the engine's drift check uses (``matrix``: the engine's source; None,
+    the index shipped with patchkit, so no YAML is read), compared the same way.
+    """
     if status.variant is None:
         return {}
-    from ..runtime.fingerprint import target_fingerprint
+    from ..runtime import drift
 
     try:
         variant = patch.variant(status.variant)
     except KeyError:
         return {}
     found: dict[str, dict[str, str | None]] = {}
-    recorded = _recorded(patch.id, status.variant)
+    try:
+        recorded = drift.recorded_fingerprints(patch.id, variant, matrix)
+    except Exception:  # informative only: a malformed explicit matrix is the engine's to report
+        recorded = {}
     for action in variant.installs:
         if not isinstance(action, (Replace, Wrap)):
             continue
         try:
-            value = target_fingerprint(Target.parse(action.target))
+            value = drift.current_fingerprint(action.target)
         except Exception:  # a fingerprint is informative; failing to take one is not a verdict
             value = None
-        known = recorded.get(action.target, set())
+        known = recorded.get(action.target, frozenset())
         match = ("unknown" if value is None or not known else "recorded" if value in known else "drifted")
         if status.reason is not None and status.reason.value == "code_identical" and match == "recorded":
             match = "code_identical"
@@ -152,23 +160,8 @@ def fingerprints(patch: Patch, status: PatchStatus) -> dict[str, dict[str, str |
     return found
 
 
-def _recorded(patch_id: str, variant: str) -> dict[str, set[str]]:
-    try:
-        from ..matrix import load
-
-        matrix = load(None)
-    except Exception:
-        return {}
-    recorded: dict[str, set[str]] = {}
-    for records in matrix.patches.get(patch_id, {}).values():
-        for record in records:
-            for target, facts in record.targets.items():
-                if facts.fingerprint:
-                    recorded.setdefault(target, set()).add(facts.fingerprint)
-    return recorded
-
-
-def examine(registered: Registered, status: PatchStatus, device: str, timeout: float) -> Verdict:
+def examine(registered: Registered, status: PatchStatus, device: str, timeout: float,
+            matrix: MatrixSource = None) -> Verdict:
     """The verdict for one patch, given its status after applying."""
     patch = registered.patch
     if status.state is State.FAILED:
@@ -177,7 +170,7 @@ def examine(registered: Registered, status: PatchStatus, device: str, timeout: f
     if not (status.state.installed or native):
         reason = status.reason.value if status.reason else status.state.value
         return Verdict(patch.id, NOT_APPLICABLE, f"{reason}: {status.detail}".rstrip(": "), status)
-    prints = fingerprints(patch, status)
+    prints = fingerprints(patch, status, matrix)
     try:
         check = _check_function(registered)
     except Exception as exc:
@@ -223,7 +216,7 @@ def run(patterns: Sequence[str] = (), device: str = "auto", timeout: float = DEF
         if progress is not None:
             progress.write(f"doctor: {registered.patch.id} ...")
             progress.flush()
-        verdict = examine(registered, statuses[registered.patch.id], device, timeout)
+        verdict = examine(registered, statuses[registered.patch.id], device, timeout, engine.matrix)
         verdicts.append(verdict)
         if progress is not None:
             progress.write(f"\rdoctor: {registered.patch.id}: {verdict.verdict} ({verdict.seconds:.1f} s)\n")

@@ -175,6 +175,28 @@ def _recorded_per_target(index: Index, patch_id: str, variant: Variant) -> dict[
     return found
 
 
+def recorded_fingerprints(patch_id: str, variant: Variant, source: MatrixSource = None) -> dict[str, frozenset[str]]:
+    """target -> the fingerprints recorded for it on the variant's verified releases (empty: none recorded).
+
+    What :func:`check` and :func:`identity` compare with, for reports (``patchkit doctor``). Reads the
+    generated index by default: no YAML is parsed.
+    """
+    index = _index(source, strict=False)
+    if index is None:
+        return {}
+    return {target: frozenset(fps) for target, fps in _recorded_per_target(index, patch_id, variant).items()}
+
+
+def current_fingerprint(target: str) -> str | None:
+    """The installed code's fingerprint of ``target`` (its module imported), through the on-disk cache."""
+    try:
+        return _current(target)
+    finally:
+        from . import fpcache
+
+        fpcache.flush()
+
+
 def identity_blocker(patch_id: str, variant: Variant, source: MatrixSource = None, strict: bool = False) -> str | None:
     """Why code identity cannot hold whatever is installed (no records, or a target without one), or
     None if it is worth reading the installed code. Needs no upstream module."""

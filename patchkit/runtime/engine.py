@@ -193,6 +193,11 @@ class Engine:
                 self._entries[patch.id] = _Entry(Registered(patch, package))
             self._entries = dict(sorted(self._entries.items()))
 
+    @property
+    def matrix(self) -> "MatrixSource":
+        """Where this engine reads recorded fingerprints from (None: the records shipped with patchkit)."""
+        return self._matrix
+
     def ids(self) -> list[str]:
         with self._lock:
             return list(self._entries)

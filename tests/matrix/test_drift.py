@@ -169,3 +169,28 @@ def test_a_forced_variant_is_not_checked_for_drift(make_dist, tmp_path) -> None:
     engine, status = _apply(outside, matrix, strict=True, force="toy.forward")
     engine.revert_all()
     assert status.state is State.FORCED and status.reason is Reason.UNSUPPORTED_VERSION
+
+
+def test_the_doctor_compares_fingerprints_with_the_engines_records_and_reads_no_yaml(
+    make_dist, tmp_path, monkeypatch
+) -> None:
+    from patchkit.doctor.runner import fingerprints
+
+    def report(dist: Dist, source: Path | None) -> dict[str, str | None]:
+        engine, status = _apply(dist, source)
+        try:
+            (facts,) = fingerprints(engine.patch("toy.forward"), status, engine.matrix).values()
+        finally:
+            engine.revert_all()
+        assert facts["fingerprint"]
+        return facts
+
+    original = make_dist()
+    matrix = _recorded_matrix(original, tmp_path)
+    assert report(original, matrix)["match"] == "recorded"
+    # The shipped index (a Python module, no YAML read) has no toy records.
+    with monkeypatch.context() as patched:
+        patched.setattr("patchkit.matrix.loader.load", lambda *a, **k: pytest.fail("read the YAML matrix"))
+        assert report(original, None)["match"] == "unknown"
+    changed = make_dist(like=original, source=SOURCE.replace("return x + 1", "return x + 100"))
+    assert report(changed, matrix)["match"] == "drifted"
