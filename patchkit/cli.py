@@ -128,10 +128,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     try:
-        return int(args.run(args))
+        status = int(args.run(args))
     except PatchkitError as exc:
         sys.stderr.write(f"patchkit: {exc}\n")
         return 2
+    exit_process = getattr(args, "exit_process", None)
+    if argv is None and exit_process is not None:  # the process's own command line, not a caller's
+        exit_process(status)
+    return status
 
 
 if __name__ == "__main__":  # pragma: no cover

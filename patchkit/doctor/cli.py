@@ -24,7 +24,7 @@ def add_parser(commands: Any) -> None:
                         help=f"time limit of one self-check (default {doctor.DEFAULT_TIMEOUT:g})")
     parser.add_argument("--record", metavar="FILE",
                         help="write what was verified as compat-matrix records (merge with `patchkit matrix merge`)")
-    parser.set_defaults(run=main)
+    parser.set_defaults(run=main, exit_process=exit_process)
 
 
 def _table(verdicts: list[doctor.Verdict], facts: dict[str, Any]) -> str:
@@ -53,7 +53,25 @@ def main(args: argparse.Namespace) -> int:
         sys.stderr.write(f"doctor: {written} record(s) written to {args.record}\n")
     status = doctor.exit_status(verdicts)
     if doctor.abandoned_checks():  # a timed-out check still runs in a thread: do not wait for it
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(status)
+        exit_process(status)
     return status
+
+
+def exit_process(status: int) -> None:
+    """End the process now: exit handlers run and output is flushed, interpreter teardown is skipped.
+
+    Called by ``patchkit``'s entry point after the doctor's report (and when a timed-out check still
+    runs). With torch, megatron-core and ModelOpt loaded, tearing the interpreter down took 2.5 s of
+    the doctor's wall time on the project's 2-core machine (0.07 s this way); nothing the doctor
+    wrote is pending by then (the record file is closed, the fingerprint cache flushed).
+    """
+    import atexit
+    import logging
+
+    run_exit_handlers = getattr(atexit, "_run_exitfuncs", None)
+    if run_exit_handlers is not None:
+        run_exit_handlers()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

@@ -156,3 +156,49 @@ def test_matrix_merge_adds_a_contributed_record_and_unions_sources_of_the_same_v
     merged = merge_contribution(ours, theirs).patches["toy.forward"]["v"]
     assert [(r.versions["toy"], r.verified_by) for r in merged] == [
         ("1.0", ("doctor:node", "tests:e")), ("2.0", ("doctor:node",))]
+
+
+SEEN_THREADS: list[int] = []
+
+
+def records_torch_threads(context: CheckContext) -> None:
+    import torch
+
+    SEEN_THREADS.append(torch.get_num_threads())
+
+
+def test_checks_run_on_one_torch_thread_and_the_setting_comes_back(toy):
+    torch = pytest.importorskip("torch")
+    engine, up = toy
+    engine.register(toy_patch(up, "toy.threads", records_torch_threads))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        SEEN_THREADS.clear()
+        (verdict,), _ = run(engine=engine, device="cpu")
+        assert verdict.verdict == VERIFIED and SEEN_THREADS == [1]
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_command_ends_its_process_after_the_report_with_exit_handlers_run_and_output_whole():
+    # The entry point skips interpreter teardown (seconds with torch and megatron-core loaded), but
+    # exit handlers still run, the report is complete and the exit status is the doctor's.
+    script = ("import atexit, sys; atexit.register(lambda: sys.stderr.write('exit handler ran\\n')); "
+              "sys.argv = ['patchkit', 'doctor', '--json', '--patch', 'bridge.*']; "
+              "from patchkit.cli import main; sys.exit(main())")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "exit handler ran" in done.stderr
+    import json
+
+    assert {p["id"].split(".")[0] for p in json.loads(done.stdout)["patches"]} == {"bridge"}
+
+
+def test_the_command_called_with_arguments_returns_to_its_caller(monkeypatch, capsys):
+    from patchkit.cli import main
+
+    monkeypatch.setattr("os._exit", lambda status: pytest.fail(f"os._exit({status}) from an in-process call"))
+    assert main(["doctor", "--json", "--patch", "bridge.*"]) == 0
+    assert '"patches"' in capsys.readouterr().out
