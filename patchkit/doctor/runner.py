@@ -11,7 +11,7 @@ process, not the user's job), then runs each selected patch's declared self-chec
 - ``needs_gpu``: the check runs only on CUDA and the doctor runs on the CPU.
 
 A check runs in a daemon thread: one that hangs is reported ``failed`` after its time limit and the
-others still run (the hung thread is abandoned; the process exits through ``os._exit`` if any is).
+others still run (the hung thread is abandoned; ``patchkit doctor`` ends its process without waiting for it).
 """
 
 from __future__ import annotations
