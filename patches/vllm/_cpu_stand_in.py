@@ -9,6 +9,7 @@ Redirects, each reverted on exit, nothing else of vLLM replaced:
 - ``Nvfp4QuantizationEmulationTritonExperts._supports_current_device`` answers True, so the NVFP4 MoE
   oracle selects its emulation backend and MoE layers can be built and processed on CPU.
 
+- :func:`cpu_platform`: vLLM's CPU platform where none was resolved (vLLM 0.24's PyPI wheel).
 - :func:`cpu_marlin_layout` only (W4A16 checks): ``MarlinNvFp4LinearKernel.is_supported`` answers True
   and the CUDA op ``gptq_marlin_repack`` is replaced by a reshape to the shape Marlin returns, so
   W4A16 (Marlin) layers are built and processed on CPU by vLLM's own code; the repacked weight is a
@@ -55,12 +56,38 @@ def vllm_context(device: str) -> Iterator[None]:
     from vllm.distributed import parallel_state
 
     with contextlib.ExitStack() as stack:
+        if device == "cpu":
+            stack.enter_context(cpu_platform())
         if not parallel_state.model_parallel_is_initialized():
             stack.callback(_tear_down)
             stack.enter_context(vllm_config("gloo" if device == "cpu" else "nccl"))
         if device == "cpu":
             stack.enter_context(cpu_nvfp4_kernels())
         yield
+
+
+@contextlib.contextmanager
+def cpu_platform() -> Iterator[None]:
+    """vLLM's CPU platform while no platform was resolved (vLLM 0.24's PyPI wheel without CUDA).
+
+    vLLM 0.24 detects its CPU platform only from a ``+cpu`` version suffix (its CPU wheels); the
+    PyPI (CUDA) wheel on a machine without CUDA resolves to ``UnspecifiedPlatform``, on which layers
+    cannot be built ("Failed to infer device type"). Later releases select CPU themselves and are
+    left alone. The resolved platform comes back on exit.
+    """
+    import vllm.platforms as platforms
+
+    if platforms.current_platform.device_type:
+        yield
+        return
+    from vllm.platforms.cpu import CpuPlatform
+
+    saved = platforms._current_platform
+    platforms._current_platform = CpuPlatform()
+    try:
+        yield
+    finally:
+        platforms._current_platform = saved
 
 
 def _tear_down() -> None:
@@ -81,18 +108,22 @@ def cpu_nvfp4_kernels() -> Iterator[None]:
     from vllm.platforms import current_platform
 
     table = linear_kernels._POSSIBLE_NVFP4_KERNELS
-    platform = current_platform._enum
-    saved_linear = table.get(platform)
+    # The kernel module may hold the platform resolved when it was imported (vLLM 0.24 imports
+    # ``current_platform`` at module level): register for that one and the current one.
+    enums = {current_platform._enum, getattr(linear_kernels, "current_platform", current_platform)._enum}
+    saved_linear = {platform: table.get(platform) for platform in enums}
     saved_device_check = EmulationExperts.__dict__.get("_supports_current_device")
-    table[platform] = [EmulationNvFp4LinearKernel]
+    for platform in enums:
+        table[platform] = [EmulationNvFp4LinearKernel]
     EmulationExperts._supports_current_device = staticmethod(lambda: True)
     try:
         yield
     finally:
-        if saved_linear is None:
-            table.pop(platform, None)
-        else:
-            table[platform] = saved_linear
+        for platform, saved in saved_linear.items():
+            if saved is None:
+                table.pop(platform, None)
+            else:
+                table[platform] = saved
         if saved_device_check is None:
             del EmulationExperts._supports_current_device
         else:

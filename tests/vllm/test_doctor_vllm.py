@@ -77,3 +77,21 @@ def test_marlin_w4a16_check_fails_with_upstreams_config():
             "{'up': 'MarlinNvFp4LinearKernel', 'down': 'MarlinNvFp4LinearKernel'}, found "
             "{'up': 'EmulationNvFp4LinearKernel', 'down': 'EmulationNvFp4LinearKernel'}") in verdict.message, \
         verdict.message
+
+
+@pytest.mark.slow
+def test_the_command_verifies_both_vllm_patches_in_a_fresh_process_without_the_test_harness():
+    # As a user on a machine without CUDA runs it: no conftest selects vLLM's CPU platform first
+    # (vLLM 0.24's PyPI wheel resolves none there, and its kernel table keys on the platform it
+    # saw at import).
+    import json
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "patchkit", "doctor", "--json", "--device", "cpu",
+                           "--patch", "vllm.*"], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"}, cwd=os.path.dirname(__file__))
+    verdicts = {p["id"]: (p["verdict"], p["message"]) for p in json.loads(done.stdout)["patches"]}
+    assert {k: v[0] for k, v in verdicts.items()} == {MARLIN: VERIFIED, PATCH: VERIFIED}, verdicts
+    assert done.returncode == 0
