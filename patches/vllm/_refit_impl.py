@@ -16,17 +16,26 @@ one layer, done model-wide and all-or-nothing:
    old ones; only then copy them into the old kernel tensors (addresses captured by CUDA graphs
    stay valid) and put the old tensor objects back. Any failure before the copy restores every
    layer to its previous kernel tensors.
+
+Every other tensor the stream writes (norms, embeddings, unquantized layers, biases) is written in
+place by vLLM's loaders; ``_refit_plain`` copies each aside before its first write, so an abort puts
+those back too: the whole model, not only the NVFP4 layers, is all-or-nothing. The commit itself
+(step 3's copies) runs with SIGINT deferred, so a Ctrl-C there lands after it, not half-way.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import signal
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
 
+from . import _refit_plain
 from ._refit_loaders import wrap_counting_loader
 from ._refit_state import (
     STATE_ATTR,
@@ -55,8 +64,10 @@ def prepare(model: torch.nn.Module) -> None:
     layers = list(_recorded_layers(model))
     kv_layers = list(_kv_scale_layers(model))
     _refuse_unrecorded_nvfp4_layers(model)
-    if any(state.staging is not None for _, _, state in layers) or any(
-        hasattr(layer, _KV_STAGING_ATTR) for _, layer in kv_layers
+    if (
+        _refit_plain.is_prepared(model)
+        or any(state.staging is not None for _, _, state in layers)
+        or any(hasattr(layer, _KV_STAGING_ATTR) for _, layer in kv_layers)
     ):
         raise RefitError("a refit is already prepared on this model; finish or abort it first")
     try:
@@ -64,6 +75,9 @@ def prepare(model: torch.nn.Module) -> None:
             _stage_layer(name, layer, state)
         for name, layer in kv_layers:
             _stage_kv_scales(name, layer)
+        staged = [p for _, _, state in layers if state.staging is not None for p in state.staging.params.values()]
+        staged += [p for _, layer in kv_layers for n in _KV_SCALE_NAMES if (p := layer._parameters.get(n)) is not None]
+        _refit_plain.install(model, _refit_plain.guard(model, staged))
     except BaseException:
         abort(model)
         raise
@@ -140,13 +154,19 @@ def finish(model: torch.nn.Module) -> None:
     try:
         _check_all_loaded(layers)
         processed = [(name, layer, state, _process(name, layer, state)) for name, layer, state in layers]
+        # A SIGINT during the copies is delivered after the last one (then abort finds nothing left
+        # to undo: the model serves the new weights in full).
+        with _deferred_sigint():
+            for _, layer, state, fresh in processed:
+                _commit(layer, state, fresh)
+            for _, layer in kv_layers:
+                _commit_kv_scales(layer)
+            plain = _refit_plain.take(model)
+            if plain is not None:
+                plain.release()
     except BaseException:
         abort(model)
         raise
-    for _, layer, state, fresh in processed:
-        _commit(layer, state, fresh)
-    for _, layer in kv_layers:
-        _commit_kv_scales(layer)
     logger.debug("refit committed on %d NVFP4 layers, %d KV-scale layers", len(layers), len(kv_layers))
 
 
@@ -273,15 +293,47 @@ def _default_loader(model: torch.nn.Module) -> Callable[[Iterable[tuple[str, tor
 
 
 def abort(model: torch.nn.Module) -> None:
-    for _, layer, state in _recorded_layers(model):
-        if state.staging is not None:
-            state.kernel.place_on(layer)
-            restore_method_state(layer.quant_method, state.method_state)
-            state.staging = None
-    for _, layer in _kv_scale_layers(model):
-        if hasattr(layer, _KV_STAGING_ATTR):
-            object.__delattr__(layer, _KV_STAGING_ATTR)
-            _drop_kv_scale_params(layer)
+    """Put back what the model served before ``prepare``: NVFP4 kernel tensors, KV scales, plain tensors."""
+    with _deferred_sigint():
+        plain = _refit_plain.take(model)
+        try:
+            for _, layer, state in _recorded_layers(model):
+                if state.staging is not None:
+                    state.kernel.place_on(layer)
+                    restore_method_state(layer.quant_method, state.method_state)
+                    state.staging = None
+            for _, layer in _kv_scale_layers(model):
+                if hasattr(layer, _KV_STAGING_ATTR):
+                    object.__delattr__(layer, _KV_STAGING_ATTR)
+                    _drop_kv_scale_params(layer)
+        finally:
+            if plain is not None:
+                plain.restore()
+
+
+@contextlib.contextmanager
+def _deferred_sigint() -> Iterator[None]:
+    """Hold a SIGINT that arrives inside the block until the block is done, then deliver it.
+
+    The commit and the rollback are short runs of in-place copies; a KeyboardInterrupt half-way would
+    leave some layers new and some old. Python handles signals in the main thread only, so elsewhere
+    (and where a non-Python handler is installed) this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    if not callable(previous):
+        yield
+        return
+    received: list[tuple[int, Any]] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: received.append((signum, frame)))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received:
+            previous(*received[0])
 
 
 # --- model walking -------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ _model_numbers = itertools.count()
 
 class MoEModel(torch.nn.Module):
     def __init__(self, experts: int = EXPERTS, hidden: int = HIDDEN, intermediate: int = INTERMEDIATE,
-                 params_dtype: torch.dtype = torch.float32) -> None:
+                 params_dtype: torch.dtype = torch.float32, quantized: bool = True) -> None:
         from vllm.model_executor.layers import fused_moe
         from vllm.model_executor.layers.quantization.modelopt import ModelOptNvFp4Config
 
@@ -51,7 +51,9 @@ class MoEModel(torch.nn.Module):
         factory = getattr(fused_moe, "FusedMoEFactory", None) or fused_moe.FusedMoE
         self.experts = factory(
             num_experts=experts, top_k=2, hidden_size=hidden, intermediate_size=intermediate,
-            params_dtype=params_dtype, quant_config=ModelOptNvFp4Config("NVFP4", True, None, [], 16),
+            params_dtype=params_dtype,
+            # quantized=False: vLLM's unquantized MoE, whose parameters a refit writes in place
+            quant_config=ModelOptNvFp4Config("NVFP4", True, None, [], 16) if quantized else None,
             prefix=f"model{next(_model_numbers)}.experts", tp_size=1, dp_size=1, pcp_size=1,
         )
 

@@ -109,6 +109,47 @@ def test_gather_buffers_follow_every_refit(
         assert torch.equal(model.down._nvfp4_weight_scale_for_gather, weights["down.weight_scale"])
 
 
+@pytest.mark.parametrize("fault", ["missing-scale", "unknown-name-last", "processing-error"])
+def test_gather_buffers_match_the_served_weights_after_a_failed_refit(
+    nvfp4_refit_patch: None, cpu_marlin_layout: None, vllm_config: object, fault: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Processing writes the copies; a refit that fails (before or during processing) must leave them
+    holding the weights the layer still serves: the previous refit's, at the same addresses."""
+    from vllm.model_executor.layers.quantization import modelopt
+
+    if not hasattr(modelopt, "ModelOptLinearMethod"):
+        pytest.skip("the _nvfp4_*_for_gather buffers exist from vLLM 0.33 (generic ModelOptLinearMethod)")
+    model = dummy_started(W4A16Linears(retain_for_gather=True), vllm_config)
+    if not all(name in dict(model.down.named_buffers()) for name in GATHER_BUFFERS):
+        pytest.skip("this vLLM release keeps no _nvfp4_*_for_gather buffers")
+    first = w4a16_weights(1)
+    refit_weights(model, items(first))
+    before = kernel_state(model)
+    second = w4a16_weights(2)
+    if fault == "missing-scale":
+        second = {k: v for k, v in second.items() if k != "up.weight_scale"}
+    elif fault == "unknown-name-last":
+        second["no_such_layer.weight"] = second["down.weight"]
+    else:  # down's processing runs in full (writing the copies), then fails
+        method = type(model.down.quant_method)
+        original = method.process_weights_after_loading
+
+        def failing(self, layer):
+            result = original(self, layer)
+            if layer is model.down:
+                raise RuntimeError("kernel setup failed")
+            return result
+
+        monkeypatch.setattr(method, "process_weights_after_loading", failing)
+    with pytest.raises(RefitError):
+        refit_weights(model, items(second))
+    monkeypatch.undo()
+    assert_same_kernel_state(model, before)
+    assert torch.equal(model.down._nvfp4_weight_for_gather, first["down.weight"])
+    assert torch.equal(model.down._nvfp4_weight_scale_for_gather, first["down.weight_scale"])
+
+
 # --- vllm.nvfp4_marlin_w4a16: an NVFP4 checkpoint served as W4A16 on Marlin, as verl does ---------
 
 
