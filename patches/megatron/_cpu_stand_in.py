@@ -28,9 +28,9 @@ neither is used.
 :func:`cpu_moe` (MoE layers, inside :func:`cpu_megatron`):
 
 - ``torch.cuda.Stream`` and ``torch.cuda.stream`` return / enter a do-nothing stream (and
-  ``torch.cuda.current_stream`` the same one). ``MoEAlltoAllTokenDispatcher`` creates a side stream for its device-to-host
-  copies in ``__init__`` and enters it in ``_maybe_dtoh_and_synchronize``; on CPU those copies are
-  plain tensor moves and need no stream. The class-level ``cuda_dtoh_stream`` it caches is
+  ``torch.cuda.current_stream`` the same one). ``MoEAlltoAllTokenDispatcher`` creates a side stream
+  for its device-to-host copies in ``__init__`` and enters it in ``_maybe_dtoh_and_synchronize``; on
+  CPU those copies are plain tensor moves and need no stream. The class-level ``cuda_dtoh_stream`` it caches is
   restored on exit, so no dummy outlives the block.
 - ``moe_utils.te_general_gemm`` is set to ``None``: ``RouterGatingLinearFunction`` reads this
   module global, which megatron-core defines only when TransformerEngine imports (0.15 raises
