@@ -224,6 +224,27 @@ def test_expert_names_map_local_to_global_on_ep_ranks_0_to_3(ep_results):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not (Version("0.4.0rc0") <= BRIDGE < NATIVE_FROM["bridge.expert_local_to_global"]),
+                    reason="ENABLE_BRIDGE_QUANT_MAPPING from Bridge 0.4; native renumbering from 0.5")
+def test_exported_expert_quantizer_state_gets_the_global_hf_expert_number(ep_results, monkeypatch):
+    """Bridge 0.4 with ENABLE_BRIDGE_QUANT_MAPPING=1 exports a SequentialMLP expert's amax under the HF name
+    its registry derives from the global Megatron name: on EP rank r (2 experts each) local expert 1 is
+    HF expert 2r+1, as its weight is. Before the fix every rank exported it as HF expert 1."""
+    from megatron.bridge.models.qwen.qwen3_moe_bridge import Qwen3MoEBridge
+
+    monkeypatch.setenv("ENABLE_BRIDGE_QUANT_MAPPING", "1")
+    registry = Qwen3MoEBridge().mapping_registry()
+    for rank, result in enumerate(ep_results):
+        amax = registry.megatron_to_hf_lookup(result["patched"][SEQUENTIAL_QUANTIZER])
+        owner_weight = result["patched"][SEQUENTIAL_QUANTIZER].replace(".weight_quantizer._amax", ".weight")
+        weight = registry.megatron_to_hf_lookup(owner_weight)
+        assert amax is not None and weight is not None
+        hf_names = getattr(amax, "hf_targets", [amax.hf_param])  # 0.4: one amax fanned out to gate and up
+        assert f"model.layers.0.mlp.experts.{2 * rank + 1}.gate_proj.weight_quantizer._amax" in hf_names, hf_names
+        assert weight.hf_param["gate"] == f"model.layers.0.mlp.experts.{2 * rank + 1}.gate_proj.weight"
+
+
+@pytest.mark.slow
 @pytest.mark.skipif(not (Version("0.4.2rc0") <= BRIDGE < Version("0.5.0rc0")), reason="Bridge 0.4.2's _get_ep_group")
 def test_expert_names_use_the_ep_group_of_the_model_as_upstream_does(ep_results):
     """A model with its own EP group of 2 ranks: both namings numbered within that group, as upstream's."""
