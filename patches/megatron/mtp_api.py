@@ -17,8 +17,8 @@ upstream. Both take a ``GPTModel``, anything wrapping one through ``.module`` (D
 ``Float16Module``) or a list of model chunks, and return the ``GPTModel`` instances they changed.
 Process-wide, the default output-head choice is ``PATCHKIT_MTP_OUTPUT_HEAD`` or :func:`configure`.
 
-This module imports neither torch nor megatron until a function is called. It sits among the
-catalogue's declaration modules and so declares ``PATCHES``, empty.
+This module imports neither torch nor megatron until a function is called. It declares no patch,
+so the catalogue does not load it at start-up.
 """
 
 from __future__ import annotations
@@ -37,8 +37,6 @@ from ._mtp_options import (
     default_options,
     options_for,
 )
-
-PATCHES: tuple = ()
 
 __all__ = ["MTPModelError", "MTPOptionError", "MTPOptions", "configure", "disable", "enable", "options_for"]
 

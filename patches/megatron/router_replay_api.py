@@ -18,9 +18,8 @@ Index tensors are in the packed THD token order the model sees; :func:`pack` and
 convert from and to per-sample ``[batch, seq, ...]`` tensors with the FP8 / quantization-aware
 padding the model's input was built with (see ``_router_replay_packing``).
 
-This module imports neither torch nor megatron until a function is called. It sits among the
-catalogue's declaration modules (every public module there is one) and so declares ``PATCHES``,
-empty: the patches are declared in ``router_replay``.
+This module imports neither torch nor megatron until a function is called. It declares no patch
+(they are declared in ``router_replay``), so the catalogue does not load it at start-up.
 """
 
 from __future__ import annotations
@@ -43,8 +42,6 @@ if TYPE_CHECKING:
         uses_fp8_padding,
     )
     from ._router_replay_scope import ModelRouters, merge_layers, moe_layer_numbers, stack_layers  # noqa: F401
-
-PATCHES: tuple = ()
 
 __all__ = [
     "Action", "ModelRouters", "Ownership", "ReplayIndexInvalidError", "ReplayIndexMismatchError",

@@ -13,10 +13,14 @@ Each step is written as ModelOpt 0.47 writes it (``qtensor/nvfp4_tensor.py``:
 ``get_weights_scaling_factor``, ``_cast_per_block_scale_to_fp8``, ``quantize``, ``_cast_fp4``), so
 the result is bit-identical (``tests/export/test_export_bitexact.py``). What differs is memory:
 rows are processed in slices so the float32 temporaries never exceed ``slice_bytes``, where
-ModelOpt materialises several float32 copies of the whole weight.
+ModelOpt materialises several float32 copies of the whole weight. On a CUDA weight, with Triton
+installed, one fused kernel (``_nvfp4_pack_triton``) computes the same bits without temporaries.
 """
 
 from __future__ import annotations
+
+import importlib.util
+from typing import Literal
 
 import torch
 
@@ -75,11 +79,14 @@ def quantize_nvfp4(
     block_size: int = 16,
     *,
     slice_bytes: int = DEFAULT_SLICE_BYTES,
+    backend: Literal["auto", "torch", "triton"] = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(packed weight uint8, weight_scale fp8, weight_scale_2 fp32)`` of ``weight`` with its quantizer's amax.
 
     ``weight`` has the blocks along its last dimension, which must be a multiple of ``block_size``
     (ModelOpt pads otherwise; Megatron linears never need it). Leading dimensions are kept.
+    ``backend="auto"`` runs the fused Triton kernel for a CUDA weight with blocks of 16 when Triton
+    is installed, and the torch ops otherwise; both give the same bits.
     """
     if weight.dim() < 1 or weight.shape[-1] % block_size or weight.shape[-1] % 2:
         raise ValueError(
@@ -89,6 +96,12 @@ def quantize_nvfp4(
     scale_2 = weight_scale_2(amax.detach()).to(weight.device)
     columns = weight.shape[-1]
     rows = weight.detach().reshape(-1, columns)
+    leading = tuple(weight.shape[:-1])
+    if _use_triton(weight, block_size, backend):
+        from ._nvfp4_pack_triton import quantize_rows
+
+        packed, scales = quantize_rows(rows, scale_2)
+        return packed.reshape(*leading, columns // 2), scales.reshape(*leading, columns // block_size), scale_2
     packed = torch.empty(rows.shape[0], columns // 2, dtype=torch.uint8, device=weight.device)
     scales = torch.empty(rows.shape[0], columns // block_size, dtype=torch.float8_e4m3fn, device=weight.device)
     # About 16 bytes of temporaries per element of a slice are alive at once (float32 scaled and
@@ -99,8 +112,19 @@ def quantize_nvfp4(
     for start in range(0, rows.shape[0], step):
         part = slice(start, start + step)
         packed[part], scales[part] = _quantize_rows(rows[part], scale_2, block_size)
-    leading = tuple(weight.shape[:-1])
     return packed.reshape(*leading, columns // 2), scales.reshape(*leading, columns // block_size), scale_2
+
+
+def _use_triton(weight: torch.Tensor, block_size: int, backend: str) -> bool:
+    if backend not in ("auto", "torch", "triton"):
+        raise ValueError(f"backend must be 'auto', 'torch' or 'triton', got {backend!r}")
+    if backend == "torch":
+        return False
+    usable = weight.is_cuda and block_size == 16 and importlib.util.find_spec("triton") is not None
+    if backend == "triton" and not usable:
+        raise ValueError(f"the Triton NVFP4 pack needs a CUDA weight, blocks of 16 and Triton installed; got a "
+                         f"{weight.device.type} weight, blocks of {block_size}")
+    return usable
 
 
 def unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:

@@ -5,16 +5,11 @@ vLLM calls ``load_general_plugins()`` in the API server, the engine core and eve
 ``VLLM_PLUGINS`` is set and does not name it. ``pyproject.toml`` registers this module's
 :func:`load` under the name ``patchkit``, so ``VLLM_PLUGINS=patchkit,...`` keeps it and a list
 without ``patchkit`` skips it.
-
-The engine also scans this module as a declaration module (it is not ``_``-prefixed), so it stays
-import-light and declares no patches.
 """
 
 from __future__ import annotations
 
 import logging
-
-PATCHES: tuple = ()
 
 logger = logging.getLogger(__name__)
 

@@ -23,8 +23,7 @@ are absent the scales in use are kept. No vLLM range is declared ``native`` yet 
 
 Errors are :class:`RefitError` and leave every layer serving the weights it served before.
 
-This module is also scanned by the engine as a declaration module, so it stays import-light: the
-work lives in ``_refit_impl``, imported on first use.
+The work lives in ``_refit_impl``, imported on first use, so importing this module stays light.
 """
 
 from __future__ import annotations
@@ -37,9 +36,6 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = ["RefitError", "prepare_refit", "finish_refit", "abort_refit", "refit", "refit_weights", "refit_mode"]
-
-# Data-only module for the engine: the refit API declares no patch of its own.
-PATCHES: tuple = ()
 
 PATCH_ID = "vllm.nvfp4_refit"
 

@@ -1,8 +1,11 @@
 """Finding the declared patches: the shipped catalogue and anything registered at run time.
 
 The catalogue is found by listing ``patchkit.patches``: each sub-package is an upstream, and each of
-its modules not starting with ``_`` is a declaration module exposing ``PATCHES``. Listing a folder
-costs far less than scanning entry points, and adding a patch touches no central list.
+its modules not starting with ``_`` whose source assigns ``PATCHES`` at top level is a declaration
+module. Listing a folder costs far less than scanning entry points, and adding a patch touches no
+central list. Public helper modules beside them (``router_replay_api``, ``refit``, ``plugin``: APIs
+for frameworks) assign no ``PATCHES`` and so are neither declarations nor imported at start-up.
+Modules named in ``PATCHKIT_EXTRA_PATCHES`` are imported by name and must define ``PATCHES``.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import re
 from typing import NamedTuple
 
 from .declaration import Patch, validate
@@ -34,26 +38,43 @@ class CatalogueError(NamedTuple):
     error: str
 
 
-def _public_children(package_name: str) -> list[tuple[str, bool]]:
-    """(name, is_package) of a package's children not starting with '_', from its folders."""
+#: A top-level assignment of ``PATCHES`` (``PATCHES = (`` or ``PATCHES: tuple[Patch, ...] = (``),
+#: at the start of a line, so one inside a function, a docstring's indented example or a comment
+#: does not count.
+_ASSIGNS_PATCHES = re.compile(rb"^PATCHES[ \t]*(?::[^=\n]*)?=(?!=)", re.MULTILINE)
+
+
+def declares_patches(path: str) -> bool:
+    """Whether the module source at ``path`` assigns ``PATCHES`` at top level (a declaration module).
+
+    Read from the file rather than by importing it, so helper modules are never imported at
+    start-up and a declaration module that fails to import is still found (and reported).
+    """
+    with open(path, "rb") as source:
+        return _ASSIGNS_PATCHES.search(source.read()) is not None
+
+
+def _public_children(package_name: str) -> list[tuple[str, str, bool]]:
+    """(name, path, is_package) of a package's children not starting with '_', from its folders."""
     children = {}
     for folder in importlib.import_module(package_name).__path__:
         for entry in os.scandir(folder):
             if entry.name.startswith(("_", ".")):
                 continue
             if entry.is_dir() and os.path.exists(os.path.join(entry.path, "__init__.py")):
-                children[entry.name] = True
+                children[entry.name] = (entry.path, True)
             elif entry.is_file() and entry.name.endswith(".py"):
-                children[entry.name[:-3]] = False
-    return sorted(children.items())
+                children[entry.name[:-3]] = (entry.path, False)
+    return [(name, path, is_package) for name, (path, is_package) in sorted(children.items())]
 
 
 def _declaration_modules(package_name: str) -> list[str]:
     # os.scandir rather than pkgutil: same answer for source folders, without pkgutil's import cost.
     return [
         f"{package_name}.{upstream}.{module}"
-        for upstream, is_package in _public_children(package_name) if is_package
-        for module, is_subpackage in _public_children(f"{package_name}.{upstream}") if not is_subpackage
+        for upstream, _, is_package in _public_children(package_name) if is_package
+        for module, path, is_subpackage in _public_children(f"{package_name}.{upstream}")
+        if not is_subpackage and declares_patches(path)
     ]
 
 

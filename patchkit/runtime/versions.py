@@ -14,8 +14,16 @@ range holds is "beyond the range" like any newer release, and code identity can 
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from enum import Enum
+from importlib.machinery import (
+    ExtensionFileLoader,
+    ModuleSpec,
+    PathFinder,
+    SourceFileLoader,
+    SourcelessFileLoader,
+)
 from typing import Any, Mapping, NamedTuple
 
 from . import distinfo, pep440
@@ -82,11 +90,46 @@ def installed_version(distribution: str, module: str | None = None) -> Installed
 
 
 def _module_findable(module: str) -> bool:
-    # find_spec of a dotted name imports its parents; only the top level is checked before that.
+    """Whether ``module`` can be imported, without importing it or its parents.
+
+    ``importlib.util.find_spec("a.b")`` imports ``a`` (running its ``__init__``: all of vLLM's, say).
+    Here each level is looked up in its parent's folders instead: the package's own folder, or every
+    folder of a namespace package. Where the top level comes from a finder other than the path
+    finder (an editable install's mapping finder), those folders may not tell, and the parents are
+    imported as before.
+    """
+    parts = module.split(".")
     try:
-        return importlib.util.find_spec(module) is not None
+        spec = importlib.util.find_spec(parts[0])
+        if spec is None or len(parts) == 1:
+            return spec is not None
+        if spec.submodule_search_locations is None:
+            return False
+        if not _path_based(spec):
+            return importlib.util.find_spec(module) is not None
+        folders = list(spec.submodule_search_locations)
+        for depth in range(1, len(parts)):
+            try:
+                child = PathFinder.find_spec(".".join(parts[: depth + 1]), folders)
+                found = child is not None
+                is_package = child is not None and child.submodule_search_locations is not None
+            except KeyError:  # a namespace portion: its path object looks up the parent, not imported
+                found = is_package = True
+            if not found or depth == len(parts) - 1:
+                return found
+            if not is_package:
+                return False  # a module: it has no children
+            folders = [os.path.join(folder, parts[depth]) for folder in folders
+                       if os.path.isdir(os.path.join(folder, parts[depth]))]
+        return False
     except (ImportError, ValueError):
         return False
+
+
+def _path_based(spec: ModuleSpec) -> bool:
+    """Whether ``spec`` was found on ``sys.path`` (a source or namespace package), so its children are too."""
+    namespace = spec.origin is None and spec.submodule_search_locations is not None
+    return namespace or isinstance(spec.loader, (SourceFileLoader, SourcelessFileLoader, ExtensionFileLoader))
 
 
 def specifier(spec: str) -> SpecifierSet:

@@ -298,3 +298,29 @@ def test_force_still_applies_where_no_native_range_starts(engine, make_upstream)
     (record,) = engine.apply_all(force="toy.native")
     assert record.state is State.FORCED
     assert core.Model.__dict__["forward"] is new_forward
+
+
+def test_a_dotted_version_module_is_looked_up_without_importing_its_parents(tmp_path, monkeypatch):
+    """Without metadata, a missing distribution's ``megatron.bridge`` must not import ``megatron``'s
+    ``__init__`` to find out (for ``vllm.x`` that would be all of vLLM at start-up)."""
+    import sys
+
+    from patchkit.runtime.versions import _module_findable
+
+    heavy = tmp_path / "pk_heavy_parent"
+    (heavy / "sub").mkdir(parents=True)
+    (heavy / "__init__.py").write_text("raise RuntimeError('the parent package was imported')\n")
+    (heavy / "sub" / "__init__.py").write_text("")
+    (heavy / "leaf.py").write_text("")
+    (tmp_path / "pk_namespace_parent" / "inner").mkdir(parents=True)
+    (tmp_path / "pk_namespace_parent" / "inner" / "mod.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    assert _module_findable("pk_heavy_parent.sub")
+    assert _module_findable("pk_heavy_parent.leaf")
+    assert not _module_findable("pk_heavy_parent.missing")
+    assert not _module_findable("pk_heavy_parent.leaf.deeper")
+    assert _module_findable("pk_namespace_parent.inner.mod")
+    assert not _module_findable("pk_namespace_parent.inner.missing")
+    assert not _module_findable("pk_no_such_top.sub")
+    assert not {"pk_heavy_parent", "pk_namespace_parent"} & set(sys.modules)

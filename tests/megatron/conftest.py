@@ -26,6 +26,29 @@ def megatron_cpu() -> Iterator[None]:
 
 
 @pytest.fixture
+def moe_replay(megatron_cpu: None) -> Iterator[dict[str, Any]]:
+    """CPU MoE harness with the router replay patches applied (reverted after): statuses by id.
+
+    Replay state and the replay policy are reset before and restored after, so no test sees
+    another's recorded indices or policy.
+    """
+    from moe_harness import cpu_moe
+    from patchkit.patches.megatron import router_replay_api as replay
+    from replay_models import REPLAY_PATCH_IDS
+
+    import patchkit
+
+    with cpu_moe(), patchkit.applied(*REPLAY_PATCH_IDS) as statuses:
+        replay.reset()
+        defaults = replay.policy()
+        try:
+            yield {status.id: status for status in statuses}
+        finally:
+            replay.set_policy(**defaults)
+            replay.reset()
+
+
+@pytest.fixture
 def batch() -> Batch:
     return make_batch()
 

@@ -14,9 +14,9 @@ import types
 
 import pytest
 import torch
-from moe_harness import cpu_moe
 from patchkit.patches.megatron import router_replay_api as replay
 from replay_models import (
+    REPLAY_PATCH_IDS,
     TOPK,
     Batch,
     RoutingCapture,
@@ -24,6 +24,7 @@ from replay_models import (
     causal_batch,
     dispatchers,
     forward_loss,
+    megatron_version,
     routers,
     shift_expert_bias,
     thd_batch,
@@ -31,38 +32,14 @@ from replay_models import (
 
 import patchkit
 
-PATCH_IDS = (
-    "megatron.router_replay",
-    "megatron.router_replay_validation",
-    "megatron.moe_alltoall_replay_token_count",
-)
-
-
-def _megatron_version() -> tuple[int, int]:
-    from importlib.metadata import version
-
-    major, minor = version("megatron-core").split(".")[:2]
-    return int(major), int(minor)
-
-
-@pytest.fixture
-def moe_replay(megatron_cpu):
-    """CPU MoE harness, the replay patches applied (reverted after), no replay state left over."""
-    with cpu_moe(), patchkit.applied(*PATCH_IDS) as statuses:
-        replay.reset()
-        try:
-            yield {s.id: s for s in statuses}
-        finally:
-            replay.reset()
-
 
 def test_replay_patch_is_backport_below_016_and_native_from_016(moe_replay):
     status = moe_replay["megatron.router_replay"].to_dict()
-    if _megatron_version() < (0, 16):
+    if megatron_version() < (0, 16):
         assert status["state"] == "applied"
     else:
         assert (status["state"], status["reason"]) == ("skipped", "native")
-    for patch_id in PATCH_IDS[1:]:
+    for patch_id in REPLAY_PATCH_IDS[1:]:
         assert moe_replay[patch_id].to_dict()["state"] == "applied"
 
 
@@ -341,7 +318,7 @@ def test_apply_all_before_megatron_import_installs_replay_and_its_check_on_impor
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    expected = "applied" if _megatron_version() < (0, 16) else "skipped"
+    expected = "applied" if megatron_version() < (0, 16) else "skipped"
     assert result["states"]["megatron.router_replay"] == expected
     assert result["states"]["megatron.router_replay_validation"] == "applied"
     assert result["wrapped"]
@@ -380,7 +357,7 @@ def test_record_and_replay_of_the_same_indices_equal_upstream_routing(moe_replay
 
 
 def test_backport_refuses_replay_on_the_fused_topk_path(moe_replay):
-    if _megatron_version() >= (0, 16):
+    if megatron_version() >= (0, 16):
         pytest.skip("native replay: upstream's fused path is upstream's behaviour")
     from megatron.core.transformer.moe import router as router_module
 

@@ -15,18 +15,20 @@ from collections.abc import Iterator
 import pytest
 import torch
 from patchkit.patches.megatron import router_replay_api as replay
-from replay_models import TOPK, Batch, RoutingCapture, build_tiny_moe, causal_batch, forward_loss, shift_expert_bias
+from replay_models import (
+    REPLAY_PATCH_IDS,
+    TOPK,
+    Batch,
+    RoutingCapture,
+    build_tiny_moe,
+    causal_batch,
+    forward_loss,
+    shift_expert_bias,
+)
 
 import patchkit
 
 pytestmark = pytest.mark.gpu
-
-PATCH_IDS = (
-    "megatron.router_replay",
-    "megatron.router_replay_validation",
-    "megatron.moe_alltoall_replay_token_count",
-)
-
 
 @pytest.fixture
 def cuda() -> torch.device:
@@ -48,7 +50,7 @@ def moe_replay_gpu(cuda: torch.device) -> Iterator[torch.device]:
     parallel_state.initialize_model_parallel()
     model_parallel_cuda_manual_seed(1234)
     try:
-        with patchkit.applied(*PATCH_IDS):
+        with patchkit.applied(*REPLAY_PATCH_IDS):
             replay.reset()
             yield cuda
             replay.reset()

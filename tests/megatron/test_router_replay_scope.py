@@ -12,7 +12,6 @@ import functools
 
 import pytest
 import torch
-from moe_harness import cpu_moe
 from patchkit.patches.megatron import router_replay_api as replay
 from replay_models import (
     NUM_EXPERTS,
@@ -22,36 +21,10 @@ from replay_models import (
     build_tiny_moe,
     causal_batch,
     forward_loss,
+    megatron_version,
     routers,
     shift_expert_bias,
 )
-
-import patchkit
-
-PATCH_IDS = (
-    "megatron.router_replay",
-    "megatron.router_replay_validation",
-    "megatron.moe_alltoall_replay_token_count",
-)
-
-
-def _megatron_version() -> tuple[int, int]:
-    from importlib.metadata import version
-
-    major, minor = version("megatron-core").split(".")[:2]
-    return int(major), int(minor)
-
-
-@pytest.fixture
-def moe_replay(megatron_cpu):
-    with cpu_moe(), patchkit.applied(*PATCH_IDS):
-        replay.reset()
-        defaults = replay.policy()
-        try:
-            yield
-        finally:
-            replay.set_policy(**defaults)
-            replay.reset()
 
 
 def _record_then_shift(model, batch: Batch, scope) -> tuple[dict, list]:
@@ -279,7 +252,7 @@ def test_padding_rows_default_to_distinct_experts_when_the_expert_count_is_unkno
 
 
 def test_padding_mask_matches_the_thd_input_and_upstream_expert_bias_cannot_take_it(moe_replay):
-    if _megatron_version() < (0, 16):
+    if megatron_version() < (0, 16):
         pytest.skip("GPTModel.forward takes padding_mask from megatron-core 0.16")
     lengths, seq_len = [5, 11], 12
     layout = replay.thd_layout(lengths, seq_len=seq_len, tp_size=8, num_experts=NUM_EXPERTS)
@@ -296,7 +269,7 @@ def test_padding_mask_matches_the_thd_input_and_upstream_expert_bias_cannot_take
 
     assert counted() == total * TOPK
     padding_mask = layout.padding_mask().view(1, -1)
-    if _megatron_version() >= (0, 20):
+    if megatron_version() >= (0, 20):
         # main (0.20.0) masks correctly: padding rows leave the expert-bias counts.
         assert counted(padding_mask=padding_mask) == sum(lengths) * TOPK
         return
@@ -372,7 +345,7 @@ def test_foreign_patched_init_is_detected_and_the_api_stands_aside(moe_replay, f
     for router in routers(model):
         router.router_replay.set_router_replay_action(action)
     forward_loss(model, causal_batch())
-    if _megatron_version() >= (0, 16):
+    if megatron_version() >= (0, 16):
         assert all(r.router_replay.recorded_topk_idx is not None for r in routers(model))
 
 

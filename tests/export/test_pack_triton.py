@@ -1,0 +1,76 @@
+"""The fused Triton NVFP4 pack gives the torch path's bits (which are ModelOpt's, see test_export_bitexact).
+
+The GPU tests (marker ``gpu``) cover what could make a fused kernel round differently: exact
+rounding ties at every E2M1 boundary, zero, tiny, huge and infinite values, -0.0, bf16/fp16/fp32
+inputs, row counts that leave a partial program, leading dimensions and non-contiguous weights.
+(NaN weights are out of scope: torch's block maximum propagates NaN where the kernel's may not;
+neither gives a NaN weight a meaningful NVFP4 encoding.)
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from patchkit.patches.modelopt._nvfp4_pack import E2M1_MAX, E4M3_MAX, quantize_nvfp4
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def _same_bits(weight: torch.Tensor, amax: torch.Tensor) -> None:
+    expected = quantize_nvfp4(weight, amax, backend="torch")
+    fused = quantize_nvfp4(weight, amax, backend="triton")
+    assert torch.equal(fused[0], expected[0]), f"{(fused[0] != expected[0]).sum()} packed bytes differ"
+    assert torch.equal(fused[1].view(torch.uint8), expected[1].view(torch.uint8)), "block scales differ"
+    assert torch.equal(fused[2], expected[2])
+
+
+def test_backend_triton_refuses_a_cpu_weight_and_an_unknown_backend_is_an_error():
+    weight = torch.randn(4, 32)
+    with pytest.raises(ValueError, match="CUDA weight"):
+        quantize_nvfp4(weight, weight.abs().amax(), backend="triton")
+    with pytest.raises(ValueError, match="backend must be"):
+        quantize_nvfp4(weight, weight.abs().amax(), backend="cuda")  # type: ignore[arg-type]
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("shape", [(1, 16), (3, 48), (257, 4096), (2, 129, 64)], ids=str)
+def test_random_weights_pack_to_the_same_bits(dtype, shape):
+    torch.manual_seed(sum(shape))
+    weight = (torch.randn(shape) * torch.logspace(-6, 2, shape[-1])).to(dtype).cuda()
+    _same_bits(weight, weight.float().abs().amax())
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_rounding_ties_zero_tiny_huge_infinite_and_negative_zero_blocks_pack_to_the_same_bits():
+    # amax 6 * 448 makes weight_scale_2 exactly 1, and a block whose largest magnitude is 6 has a
+    # block scale of exactly 1: its values land exactly on the E2M1 boundaries (the ties).
+    amax = torch.tensor(E2M1_MAX * E4M3_MAX)
+    ties = torch.tensor([6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -0.75, -1.25, -1.75, -2.5, -3.5, -5.0, 0.0])
+    infinite = ties.clone()
+    infinite[3] = float("inf")
+    rows = [ties, ties.flip(0), torch.zeros(16), torch.full((16,), -0.0), torch.full((16,), 1e-30),
+            ties * 2.0**-12, ties * 2.0**-20, ties * 1e6, ties * 1e30, infinite, -infinite]
+    weight = torch.stack(rows).repeat(40, 2).cuda()
+    _same_bits(weight, amax)
+    _same_bits(weight.to(torch.bfloat16), amax)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_non_contiguous_weight_and_auto_backend():
+    from patchkit.patches.modelopt import _nvfp4_pack_triton
+
+    weight = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16).t()  # (256, 64), not contiguous
+    amax = weight.float().abs().amax()
+    _same_bits(weight, amax)
+    calls = []
+    original = _nvfp4_pack_triton.quantize_rows
+    try:
+        _nvfp4_pack_triton.quantize_rows = lambda *a: calls.append(1) or original(*a)
+        quantize_nvfp4(weight, amax)
+    finally:
+        _nvfp4_pack_triton.quantize_rows = original
+    assert calls, "backend='auto' runs the fused kernel for a CUDA weight"
