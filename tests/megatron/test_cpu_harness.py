@@ -30,7 +30,9 @@ def test_harness_restores_redirected_cuda_calls() -> None:
     assert after == before
 
 
-def test_tiny_gpt_with_mtp_trains_every_parameter_on_cpu(tiny_gpt, batch) -> None:
+def test_tiny_gpt_with_mtp_trains_every_parameter_on_cpu(tiny_gpt, batch, empty_mtp_tracker) -> None:
+    # empty_mtp_tracker: megatron-core's MTP loss tracker is global; a 1-depth MTP model built earlier in
+    # the process (tests/modelopt) leaves it sized for one layer.
     model = tiny_gpt(mtp_num_layers=2)
     loss = model(
         batch.input_ids,
@@ -54,7 +56,7 @@ def test_tiny_gpt_is_deterministic_for_a_seed(tiny_gpt) -> None:
             assert torch.equal(value, second[key]), key
 
 
-def test_megatron_ddp_grad_sync_runs_on_cpu(tiny_gpt, batch) -> None:
+def test_megatron_ddp_grad_sync_runs_on_cpu(tiny_gpt, batch, empty_mtp_tracker) -> None:
     """Megatron's real DDP: ``finish_grad_sync`` fills ``main_grad`` with the bare model's gradients.
 
     megatron-core 0.19+ takes ``torch.cuda.current_stream()`` in every grad sync (CUDA-graph events);
