@@ -14,6 +14,11 @@ every EP rank exports its experts under rank 0's names; and ``local_experts.10``
 grouped naming; :func:`wrap_local_name_to_global_v042` uses that same function, so both namings agree
 when a model carries its own process groups. 0.5 renumbers ``local_experts.N`` itself and sorts it
 (the patches are ``native`` there).
+
+Quantizer state (``...local_experts.3.linear_fc1.weight_quantizer._amax``) is numbered as its weight is,
+pipeline stage and expert alike, as 0.5+ does: with ``ENABLE_BRIDGE_QUANT_MAPPING=1`` Bridge 0.4 exports
+it, and a local number would put every EP rank's amax under rank 0's experts. The grouped experts' shared
+quantizer (``experts.linear_fc1.weight_quantizer._amax``) has no expert number and keeps none.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import Any, Callable
 
 from megatron.core import parallel_state
 
-from ._quantizer_params import is_quantizer_name
+from ._quantizer_params import is_quantizer_name, split_quantizer_name
 
 _LOCAL_EXPERT = re.compile(r"\.mlp\.experts\.local_experts\.(\d+)\.")
 _LAYER = re.compile(r"layers\.(\d+)")
@@ -69,11 +74,14 @@ def _wrap_local_name_to_global(original: Callable[..., str], ep_group_of: Callab
     @functools.wraps(original)
     def _megatron_local_name_to_global(models: Any, config: Any, param_name: str, vp_stage: Any = None) -> str:
         if is_quantizer_name(param_name):
-            # Upstream parses the text after '.weight' as an expert number and fails on
-            # '.weight_quantizer._amax'. Quantizer state is not exported (bridge.skip_quantizer_params),
-            # so its name is returned as it is, without upstream's pipeline renumbering either.
-            return param_name
-        name = original(models, config, param_name, vp_stage)
+            # Quantizer state is exported when ENABLE_BRIDGE_QUANT_MAPPING=1 (0.4; bridge.skip_quantizer_params
+            # steps aside), so it must be numbered as its owner's weight is. Upstream parses the text after
+            # '.weight' as an expert number and fails on '.weight_quantizer._amax': it renumbers the owning
+            # module's path (pipeline stage), and the suffix is put back before the expert renumbering.
+            owner, state = split_quantizer_name(param_name)
+            name = original(models, config, owner, vp_stage) + state if owner else param_name
+        else:
+            name = original(models, config, param_name, vp_stage)
         if ".adapter." in name:  # upstream keeps adapters unsharded across EP ranks (0.3)
             return name
         group = ep_group_of(models)

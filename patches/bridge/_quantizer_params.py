@@ -35,6 +35,16 @@ def is_quantizer_name(name: str) -> bool:
     return _QUANTIZER.search(name) is not None
 
 
+def split_quantizer_name(name: str) -> tuple[str, str]:
+    """``owner.weight_quantizer._amax`` -> (``owner``, ``.weight_quantizer._amax``); ("", name) without owner."""
+    match = _QUANTIZER.search(name)
+    if match is None:
+        return name, ""
+    if match.start() == 0:
+        return "", name
+    return name[: match.start()], name[match.start():]
+
+
 def wrap_persistent_buffers(
     original: Callable[[torch.nn.Module], Iterable[Tuple[str, torch.Tensor]]],
 ) -> Callable[[torch.nn.Module], Iterator[Tuple[str, torch.Tensor]]]:

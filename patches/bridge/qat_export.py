@@ -107,7 +107,8 @@ PATCHES = (
                 requires=V04_V06,
                 native=(
                     "AutoMapping._detect_parallelism_type resolves a ModelOpt dynamic module "
-                    "(is_modelopt_dynamic_module) to its original class, fused-layernorm rule included"
+                    "(is_modelopt_dynamic_module) to its original class, fused-layernorm rule included; "
+                    "0.5+ also lists QuantColumnParallelLinear/QuantRowParallelLinear in its registry"
                 ),
             ),
         ),

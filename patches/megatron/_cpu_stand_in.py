@@ -19,13 +19,18 @@ neither is used.
   what weight initialisation with ``use_cpu_initialization=True`` and CPU dropout draw from).
   Consequence: dropout inside a tracker fork is not reproduced bit-for-bit as on GPU; tests that
   compare numbers run with dropout 0.
+- ``torch.cuda.current_stream`` returns a do-nothing stream: from megatron-core 0.19,
+  ``DistributedDataParallel``'s grad sync (``_ParamAndGradBucketGroup.start_grad_sync``, reached by
+  ``finish_grad_sync``) takes the current CUDA stream unconditionally, to wait on the events a local
+  CUDA-graph replay leaves on parameters. There are no CUDA graphs on a CPU, so it waits on nothing;
+  without the stand-in the first call initialises CUDA ("Found no NVIDIA driver").
 
 :func:`cpu_moe` (MoE layers, inside :func:`cpu_megatron`):
 
-- ``torch.cuda.Stream``, ``torch.cuda.current_stream`` and ``torch.cuda.stream`` return / enter a
-  do-nothing stream. ``MoEAlltoAllTokenDispatcher`` creates a side stream for its device-to-host
-  copies in ``__init__`` and enters it in ``_maybe_dtoh_and_synchronize``; on CPU those copies are
-  plain tensor moves and need no stream. The class-level ``cuda_dtoh_stream`` it caches is
+- ``torch.cuda.Stream`` and ``torch.cuda.stream`` return / enter a do-nothing stream (and
+  ``torch.cuda.current_stream`` the same one). ``MoEAlltoAllTokenDispatcher`` creates a side stream
+  for its device-to-host copies in ``__init__`` and enters it in ``_maybe_dtoh_and_synchronize``; on
+  CPU those copies are plain tensor moves and need no stream. The class-level ``cuda_dtoh_stream`` it caches is
   restored on exit, so no dummy outlives the block.
 - ``moe_utils.te_general_gemm`` is set to ``None``: ``RouterGatingLinearFunction`` reads this
   module global, which megatron-core defines only when TransformerEngine imports (0.15 raises
@@ -81,6 +86,7 @@ def cpu_megatron() -> Iterator[None]:
         stack.enter_context(
             mock.patch.object(megatron_random, "_set_cuda_rng_state", rng.set_state)
         )
+        stack.enter_context(mock.patch.object(torch.cuda, "current_stream", lambda *a, **k: _Stream()))
         yield
 
 

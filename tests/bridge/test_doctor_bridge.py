@@ -70,10 +70,16 @@ def test_layer_spec_check_fails_without_the_modelopt_spec(applied_bridge, monkey
 
 @pytest.mark.breaks("bridge.quant_linear_parallelism")
 def test_parallelism_check_fails_on_bridges_own_detection(applied_bridge, monkeypatch):
-    def take_away(mp):  # 0.4+: resolving ModelOpt's dynamic classes to the class they wrap
+    def take_away(mp):
+        # 0.4+: resolving ModelOpt's dynamic classes to the class they wrap; 0.5+ also lists ModelOpt's
+        # class names (QuantColumnParallelLinear, QuantRowParallelLinear) in the registry: both go.
         from megatron.bridge.models.conversion import param_mapping
 
         mp.setattr(param_mapping, "is_modelopt_dynamic_module", lambda module: False, raising=False)
+        registry = param_mapping.AutoMapping._MODULE_TYPE_REGISTRY
+        mp.setattr(param_mapping.AutoMapping, "_MODULE_TYPE_REGISTRY",
+                   {kind: {name for name in names if not name.startswith("Quant")}
+                    for kind, names in registry.items()})
 
     patch_id = "bridge.quant_linear_parallelism"
     if applied_bridge[patch_id].reason is Reason.NATIVE:

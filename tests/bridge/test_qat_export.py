@@ -185,10 +185,9 @@ SEQUENTIAL_0 = "decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight"
 SEQUENTIAL_1 = "decoder.layers.1.mlp.experts.local_experts.1.linear_fc2.weight"
 GROUPED_0 = "decoder.layers.0.mlp.experts.linear_fc1.weight0"
 GROUPED_1 = "decoder.layers.1.mlp.experts.linear_fc2.weight1"
-UNCHANGED = ("decoder.layers.0.self_attention.linear_qkv.weight", "decoder.layers.0.mlp.router.weight",
-             "decoder.layers.0.mlp.experts.local_experts.1.linear_fc1.weight_quantizer._amax")  # by the patch
-
-
+UNCHANGED = ("decoder.layers.0.self_attention.linear_qkv.weight", "decoder.layers.0.mlp.router.weight")
+#: A SequentialMLP expert's own quantizer state: exported by Bridge 0.4+ with ENABLE_BRIDGE_QUANT_MAPPING=1,
+#: so numbered globally like its weight (by the patch on 0.2-0.4, by upstream from 0.5).
 SEQUENTIAL_QUANTIZER = "decoder.layers.0.mlp.experts.local_experts.1.linear_fc1.weight_quantizer._amax"
 
 
@@ -203,6 +202,7 @@ def _global_names_of(first: int, second: int) -> dict[str, str]:
         SEQUENTIAL_1: f"decoder.layers.1.mlp.experts.local_experts.{second}.linear_fc2.weight",
         GROUPED_0: f"decoder.layers.0.mlp.experts.linear_fc1.weight{first}",
         GROUPED_1: f"decoder.layers.1.mlp.experts.linear_fc2.weight{second}",
+        SEQUENTIAL_QUANTIZER: _numbered_quantizer(second),
     } | {name: name for name in UNCHANGED}
 
 
@@ -219,7 +219,29 @@ def test_expert_names_map_local_to_global_on_ep_ranks_0_to_3(ep_results):
         # a grouped quantizer name breaks its expert-number parsing.
         assert upstream[GROUPED_0] == patched[GROUPED_0]
         assert upstream[SEQUENTIAL_0] == SEQUENTIAL_0
+        assert upstream[SEQUENTIAL_QUANTIZER] == SEQUENTIAL_QUANTIZER  # rank 0's name on every rank
         assert upstream[GROUPED_QUANTIZER].startswith("ValueError")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (Version("0.4.0rc0") <= BRIDGE < NATIVE_FROM["bridge.expert_local_to_global"]),
+                    reason="ENABLE_BRIDGE_QUANT_MAPPING from Bridge 0.4; native renumbering from 0.5")
+def test_exported_expert_quantizer_state_gets_the_global_hf_expert_number(ep_results, monkeypatch):
+    """Bridge 0.4 with ENABLE_BRIDGE_QUANT_MAPPING=1 exports a SequentialMLP expert's amax under the HF name
+    its registry derives from the global Megatron name: on EP rank r (2 experts each) local expert 1 is
+    HF expert 2r+1, as its weight is. Before the fix every rank exported it as HF expert 1."""
+    from megatron.bridge.models.qwen.qwen3_moe_bridge import Qwen3MoEBridge
+
+    monkeypatch.setenv("ENABLE_BRIDGE_QUANT_MAPPING", "1")
+    registry = Qwen3MoEBridge().mapping_registry()
+    for rank, result in enumerate(ep_results):
+        amax = registry.megatron_to_hf_lookup(result["patched"][SEQUENTIAL_QUANTIZER])
+        owner_weight = result["patched"][SEQUENTIAL_QUANTIZER].replace(".weight_quantizer._amax", ".weight")
+        weight = registry.megatron_to_hf_lookup(owner_weight)
+        assert amax is not None and weight is not None
+        hf_names = getattr(amax, "hf_targets", [amax.hf_param])  # 0.4: one amax fanned out to gate and up
+        assert f"model.layers.0.mlp.experts.{2 * rank + 1}.gate_proj.weight_quantizer._amax" in hf_names, hf_names
+        assert weight.hf_param["gate"] == f"model.layers.0.mlp.experts.{2 * rank + 1}.gate_proj.weight"
 
 
 @pytest.mark.slow
@@ -237,18 +259,13 @@ def test_expert_names_use_the_ep_group_of_the_model_as_upstream_does(ep_results)
 @pytest.mark.slow
 @pytest.mark.skipif(BRIDGE < NATIVE_FROM["bridge.expert_local_to_global"], reason="patched before Bridge 0.5")
 def test_upstream_maps_expert_names_natively_with_the_same_names(ep_results):
-    """0.5+: upstream alone gives the names the patch gave on 0.2-0.4; the wrap on top would renumber twice.
-
-    One difference: a SequentialMLP expert's own quantizer state (``local_experts.N...weight_quantizer._amax``)
-    is numbered globally by 0.5+, where the patch leaves every quantizer name as it is (0.2-0.4 export no
-    quantizer state: ``bridge.skip_quantizer_params``). The grouped experts' shared quantizer stays unnumbered.
-    """
+    """0.5+: upstream alone gives the names the patch gives on 0.2-0.4, a SequentialMLP expert's quantizer
+    state included; the wrap on top would renumber twice. The grouped experts' shared quantizer stays
+    unnumbered."""
     for rank, result in enumerate(ep_results):
         assert result["states"] == ["native"]
         expected = _global_names_of(2 * rank, 2 * rank + 1)
-        as_patched = {name: result["upstream"][name] for name in expected if name != SEQUENTIAL_QUANTIZER}
-        assert as_patched == {name: expected[name] for name in as_patched}
-        assert result["upstream"][SEQUENTIAL_QUANTIZER] == _numbered_quantizer(2 * rank + 1)
+        assert {name: result["upstream"][name] for name in expected} == expected
         assert result["patched"] == result["upstream"]  # nothing was installed
         assert result["upstream"][GROUPED_QUANTIZER] == GROUPED_QUANTIZER  # quantizer state left alone too
         # The wrap renumbers upstream's global numbers again: + 2 * rank (rank 3: 12, 13, not 6, 7).
@@ -257,7 +274,6 @@ def test_upstream_maps_expert_names_natively_with_the_same_names(ep_results):
         assert twice[SEQUENTIAL_1] == _global_names_of(4 * rank, 4 * rank + 1)[SEQUENTIAL_1]
         if "_get_ep_group" in dir(model_bridge):
             in_group = _global_names_of(4 * (rank % 2), 4 * (rank % 2) + 1)
-            in_group[SEQUENTIAL_QUANTIZER] = _numbered_quantizer(4 * (rank % 2) + 1)
             assert {name: result["model_group_upstream"][name] for name in expected} == in_group
 
 

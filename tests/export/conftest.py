@@ -12,4 +12,9 @@ pytest.importorskip("megatron.core")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "modelopt"))
+# ModelOpt 0.48 registers Megatron's linears only if TransformerEngine imports: tests/te_harness.py.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from te_harness import load_modelopt_megatron_plugin  # noqa: E402
+
+load_modelopt_megatron_plugin()
 from qat_fixtures import cpu_backend, megatron_cpu  # noqa: E402,F401

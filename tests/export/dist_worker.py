@@ -17,6 +17,11 @@ from pathlib import Path
 def run(rank: int, world_size: int, port: int, out_dir: str, layout: dict, moe: bool, dtype_name: str) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "megatron"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    # A fresh rank runs no conftest: ModelOpt 0.48's Megatron plugin needs the TE harness (tests/te_harness.py).
+    from te_harness import load_modelopt_megatron_plugin
+
+    load_modelopt_megatron_plugin()
     import torch
     from cpu_harness import cpu_megatron
     from megatron.core import parallel_state

@@ -126,6 +126,12 @@ def ddp_world_worker(rank: int, world_size: int, port: int, result_dir: str) -> 
     """
     import os
 
+    # A spawned rank runs no conftest: load ModelOpt's Megatron plugin as tests/modelopt/conftest.py
+    # does (ModelOpt 0.48 needs TransformerEngine for it; tests/te_harness.py).
+    from te_harness import load_modelopt_megatron_plugin
+
+    load_modelopt_megatron_plugin()
+
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
     from megatron.core.transformer.moe import moe_utils
