@@ -14,10 +14,10 @@ import traceback
 from unittest import mock
 
 import pytest
-import torch
 from megatron.bridge.models import gpt_provider
 from megatron.core.post_training.modelopt.layers import Norm as ModelOptNorm
 from packaging.version import Version
+from patchkit.patches.bridge._selfchecks import tiny_provider
 
 import patchkit
 
@@ -35,27 +35,6 @@ def _attention_backend_environment():
         os.environ.pop(name, None)
         if value is not None:
             os.environ[name] = value
-
-
-def _provider(**overrides):
-    from megatron.core.transformer.enums import AttnBackend
-
-    kwargs = dict(
-        num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=128, vocab_size=128, seq_length=16,
-        use_cpu_initialization=True, restore_modelopt_state=True, attention_backend=AttnBackend.local,
-        gradient_accumulation_fusion=False, bias_activation_fusion=False, bias_dropout_fusion=False,
-        masked_softmax_fusion=False, persist_layer_norm=False, apply_rope_fusion=False,
-        params_dtype=torch.float32, bf16=False,
-    )
-    kwargs.update(overrides)
-    provider = gpt_provider.GPTModelProvider(**kwargs)
-    if hasattr(provider, "finalize"):
-        provider.finalize()
-    if hasattr(provider, "_pg_collection"):
-        from megatron.core.process_groups_config import ProcessGroupCollection
-
-        provider._pg_collection = ProcessGroupCollection.use_mpu_process_groups()
-    return provider
 
 
 def _layer_norm_class(provider):
@@ -86,7 +65,7 @@ def _fails_building_the_transformer_engine_spec(provider) -> bool:
 
 
 def test_provider_restoring_modelopt_state_builds_the_modelopt_spec(megatron_cpu):
-    provider = _provider()
+    provider = tiny_provider()
     with patchkit.applied("bridge.modelopt_layer_spec") as records:
         expected = "native" if BRIDGE < Version("0.3.0rc0") else "applied"
         assert [(r.reason or r.state).value for r in records] == [expected]
@@ -97,13 +76,13 @@ def test_provider_restoring_modelopt_state_builds_the_modelopt_spec(megatron_cpu
 
 @pytest.mark.skipif(BRIDGE < Version("0.3.0rc0"), reason="0.2 builds the ModelOpt spec natively")
 def test_without_the_patch_bridge_03_builds_another_spec(megatron_cpu):
-    assert _fails_building_the_transformer_engine_spec(_provider())
+    assert _fails_building_the_transformer_engine_spec(tiny_provider())
 
 
 def test_provider_without_restore_or_with_its_own_spec_is_left_alone(megatron_cpu):
     with patchkit.applied("bridge.modelopt_layer_spec"):
-        assert _fails_building_the_transformer_engine_spec(_provider(restore_modelopt_state=False))
-        own = _layer_norm_class(_provider(transformer_layer_spec=gpt_provider.local_layer_spec))
+        assert _fails_building_the_transformer_engine_spec(tiny_provider(restore_modelopt_state=False))
+        own = _layer_norm_class(tiny_provider(transformer_layer_spec=gpt_provider.local_layer_spec))
     assert own is not ModelOptNorm
 
 
@@ -112,7 +91,7 @@ def test_fresh_qat_switch_gives_the_modelopt_spec_without_restoring_state(megatr
     """``use_modelopt_layer_spec``: the same call on every Bridge release, patch applied or not."""
     from patchkit.patches.bridge.qat_export import use_modelopt_layer_spec
 
-    provider = _provider(restore_modelopt_state=False)
+    provider = tiny_provider(restore_modelopt_state=False)
     assert use_modelopt_layer_spec(provider) is provider
     if with_patch:
         with patchkit.applied("bridge.modelopt_layer_spec"):
@@ -129,8 +108,8 @@ def test_fresh_qat_switch_gives_the_modelopt_spec_without_restoring_state(megatr
 def test_fresh_qat_switch_off_leaves_a_spec_set_elsewhere_alone(megatron_cpu):
     from patchkit.patches.bridge.qat_export import use_modelopt_layer_spec
 
-    provider = _provider(transformer_layer_spec=gpt_provider.local_layer_spec)
+    provider = tiny_provider(transformer_layer_spec=gpt_provider.local_layer_spec)
     with pytest.raises(ValueError, match="set elsewhere"):
         use_modelopt_layer_spec(provider, enabled=False)
     assert provider.transformer_layer_spec is gpt_provider.local_layer_spec
-    use_modelopt_layer_spec(_provider(), enabled=False)  # default spec: nothing to undo, no error
+    use_modelopt_layer_spec(tiny_provider(), enabled=False)  # default spec: nothing to undo, no error
