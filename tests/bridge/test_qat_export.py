@@ -11,6 +11,7 @@ from ep_worker import GROUPED_QUANTIZER
 from megatron.bridge.models.conversion import model_bridge
 from megatron.bridge.models.conversion.param_mapping import AutoMapping
 from packaging.version import Version
+from patchkit.patches.bridge._selfchecks import MIXED_NAMES, SORTED_NAMES
 from patchkit.patches.modelopt.qat import apply_qat
 
 import patchkit
@@ -128,43 +129,21 @@ def test_quantizer_state_is_kept_when_bridge_exports_it_itself(quantized_gpt, mo
     assert registry.megatron_to_hf_lookup(amax) is not None
 
 
-MIXED = [
-    "decoder.layers.0.mlp.experts.local_experts.10.linear_fc1.weight",
-    "decoder.layers.0.mlp.experts.local_experts.2.linear_fc1.weight",
-    "decoder.layers.0.mlp.experts.linear_fc1.weight11",
-    "decoder.layers.0.mlp.experts.linear_fc1.weight3",
-    "decoder.layers.1.self_attention.linear_qkv.weight",
-    "decoder.layers.0.self_attention.linear_qkv.weight",
-    "embedding.word_embeddings.weight",
-]
-
-
-SORTED = [
-        "embedding.word_embeddings.weight",
-        "decoder.layers.0.self_attention.linear_qkv.weight",
-        "decoder.layers.0.mlp.experts.local_experts.2.linear_fc1.weight",
-        "decoder.layers.0.mlp.experts.linear_fc1.weight3",
-        "decoder.layers.0.mlp.experts.local_experts.10.linear_fc1.weight",
-        "decoder.layers.0.mlp.experts.linear_fc1.weight11",
-        "decoder.layers.1.self_attention.linear_qkv.weight",
-]
-
-
 @pytest.mark.skipif(BRIDGE >= NATIVE_FROM["bridge.expert_sort_key"], reason="native from Bridge 0.5")
 def test_sort_key_orders_both_expert_namings():
-    upstream = sorted(MIXED, key=model_bridge.extract_sort_key)
-    assert upstream.index(MIXED[0]) < upstream.index(MIXED[1])  # local_experts.10 before .2 upstream
+    upstream = sorted(MIXED_NAMES, key=model_bridge.extract_sort_key)
+    assert upstream.index(MIXED_NAMES[0]) < upstream.index(MIXED_NAMES[1])  # local_experts.10 before .2 upstream
     with patchkit.applied("bridge.expert_sort_key"):
-        patched = sorted(MIXED, key=model_bridge.extract_sort_key)
-    assert patched == SORTED
-    assert sorted(MIXED, key=model_bridge.extract_sort_key) == upstream  # reverted
+        patched = sorted(MIXED_NAMES, key=model_bridge.extract_sort_key)
+    assert patched == SORTED_NAMES
+    assert sorted(MIXED_NAMES, key=model_bridge.extract_sort_key) == upstream  # reverted
 
 
 @pytest.mark.skipif(BRIDGE < NATIVE_FROM["bridge.expert_sort_key"], reason="patched before Bridge 0.5")
 def test_upstream_sort_key_orders_both_expert_namings_natively():
     with patchkit.applied("bridge.expert_sort_key") as records:
         assert [(r.reason or r.state).value for r in records] == ["native"]
-        assert sorted(MIXED, key=model_bridge.extract_sort_key) == SORTED
+        assert sorted(MIXED_NAMES, key=model_bridge.extract_sort_key) == SORTED_NAMES
 
 
 @pytest.fixture(scope="module")
