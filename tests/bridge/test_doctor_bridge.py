@@ -16,11 +16,11 @@ BRIDGE_PATCHES = (
     "bridge.expert_local_to_global", "bridge.expert_sort_key",
 )
 
+
 @pytest.fixture(autouse=True)
 def _doctor_leaves_no_patch_applied():
     with patches_as_they_were():
         yield
-
 
 
 @pytest.fixture

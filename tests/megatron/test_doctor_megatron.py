@@ -13,11 +13,11 @@ from patchkit.selfcheck import patches_as_they_were, upstream_behaviour
 CHECKED = ("megatron.mtp_postprocess", "megatron.mtp_detach_inputs", "megatron.mtp_recompute",
            "megatron.swiglu_singleton_local_shards")
 
+
 @pytest.fixture(autouse=True)
 def _doctor_leaves_no_patch_applied():
     with patches_as_they_were():
         yield
-
 
 
 @pytest.fixture

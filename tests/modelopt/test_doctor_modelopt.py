@@ -12,11 +12,11 @@ from patchkit.selfcheck import patches_as_they_were
 
 PATCH = "modelopt.nvfp4_cpu_fake_quant"
 
+
 @pytest.fixture(autouse=True)
 def _doctor_leaves_no_patch_applied():
     with patches_as_they_were():
         yield
-
 
 
 @pytest.fixture

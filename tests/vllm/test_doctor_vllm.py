@@ -13,11 +13,11 @@ from patchkit.selfcheck import patches_as_they_were, upstream_behaviour
 
 PATCH = "vllm.nvfp4_refit"
 
+
 @pytest.fixture(autouse=True)
 def _doctor_leaves_no_patch_applied():
     with patches_as_they_were():
         yield
-
 
 
 @pytest.fixture
