@@ -13,6 +13,19 @@ and in CPU time of the process (``ratio``, ``cpu_ratio``):
 - **refit**: ``refit_weights(model, weights)`` on a model that was started with
   ``load_format="dummy"`` (what verl and NeMo-RL do), alternating two checkpoints.
 
+Between iterations the discarded fresh model is garbage-collected (not timed): vLLM's layers hold
+their weight loaders as bound methods, a reference cycle, so without a collection every fresh model's
+memory stays allocated and the next one takes new pages. The minor page faults of each side are
+reported (``first_load_faults``, ``refit_faults``, Linux): on CPU, first-touch faults on freshly
+allocated memory cost about 2 us per 4 KiB page and land on whichever side glibc gives new pages to
+(the split changes from run to run), which makes CPU ratios swing; a GPU's caching allocator pays
+none. ``--device cuda`` builds the layers on the GPU and feeds both sides GPU tensors (the colocated
+refit), synchronising before each clock read; it also times a first load from host tensors
+(``first_load_from_host_s``), which is how vLLM's loader reads a checkpoint. vLLM must import there
+without its CUDA extensions (a build marked ``+cpu``), so its platform is CPU and the layers use the
+emulation kernels and backends of ``tests/vllm/cpu_harness.py``; both sides run the same loaders and
+processing on the GPU tensors.
+
 It also checks that refits reallocate no kernel tensor: every parameter and buffer of every layer
 keeps its data pointer (what CUDA graphs captured). The layers are W4A4 NVFP4 dense linears
 (``ColumnParallelLinear``, vLLM's emulation kernel on CPU) and one fused-MoE layer (EMULATION
@@ -22,8 +35,10 @@ backend); the CPU harness of ``tests/vllm/conftest.py`` is reused for kernel reg
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -78,6 +93,10 @@ def checkpoint(layers: int, hidden: int, experts: int, seed: int) -> list[tuple[
     return list(weights.items())
 
 
+def minor_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def pointers(model: torch.nn.Module) -> dict[str, int]:
     tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
     return {name: t.data_ptr() for name, t in tensors.items()}
@@ -92,6 +111,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0,
                         help="torch intra-op threads (0: torch's default). On a shared machine with few cores, 1 avoids"
                              " OpenMP threads spinning against other jobs, which swings wall times by 10x")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where the layers and the refit tensors live (cuda: see the module docstring)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--profile", action="store_true", help="cProfile the refits, print the top functions")
     args = parser.parse_args()
@@ -118,36 +139,65 @@ def run(args: argparse.Namespace, config: Any) -> None:
 
     (record,) = patchkit.apply("vllm.nvfp4_refit")
     assert record.state.installed, record.to_dict()
-    payloads = [checkpoint(args.layers, args.hidden, args.experts, seed) for seed in (1, 2)]
+    device = torch.device(args.device)
+    host_payloads = [checkpoint(args.layers, args.hidden, args.experts, seed) for seed in (1, 2)]
+    payloads = [[(name, t.to(device)) for name, t in payload] for payload in host_payloads]
 
-    model = build(args.layers, args.hidden, args.experts)
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def build_on_device() -> torch.nn.Module:
+        with device:
+            return build(args.layers, args.hidden, args.experts)
+
+    build_times: list[float] = []
+
+    def first_load(payload: list[tuple[str, torch.Tensor]]) -> tuple[float, float, int]:
+        start = time.perf_counter()
+        fresh = build_on_device()
+        sync()
+        build_times.append(time.perf_counter() - start)
+        start, start_cpu, faults = time.perf_counter(), time.process_time(), minor_faults()
+        fresh.load_weights(payload)
+        process_weights_after_loading(fresh)
+        sync()
+        timing = time.perf_counter() - start, time.process_time() - start_cpu, minor_faults() - faults
+        del fresh
+        gc.collect()  # vLLM's loaders are bound methods: a cycle; free the model's memory now, not timed
+        return timing
+
+    model = build_on_device()
     DummyModelLoader(LoadConfig(load_format="dummy")).load_weights(model, config.model_config)
     process_weights_after_loading(model)
     before = pointers(model)
     refit_weights(model, payloads[1])  # warm-up (first-call imports)
+    first_load(payloads[1])
 
     import cProfile
 
     profiler = cProfile.Profile() if args.profile else None
-    load_times, refit_times, load_cpu, refit_cpu = [], [], [], []
+    load_times, refit_times, load_cpu, refit_cpu, load_faults, refit_faults, host_times = [], [], [], [], [], [], []
     for i in range(args.repeat):
-        payload = payloads[i % 2]
-        fresh = build(args.layers, args.hidden, args.experts)
-        start, start_cpu = time.perf_counter(), time.process_time()
-        fresh.load_weights(payload)
-        process_weights_after_loading(fresh)
-        load_times.append(time.perf_counter() - start)
-        load_cpu.append(time.process_time() - start_cpu)
-        del fresh
+        wall, cpu, faults = first_load(payloads[i % 2])
+        load_times.append(wall)
+        load_cpu.append(cpu)
+        load_faults.append(faults)
+        if device.type == "cuda":
+            host_times.append(first_load(host_payloads[i % 2])[0])
 
-        start, start_cpu = time.perf_counter(), time.process_time()
+        gc.collect()
+        sync()
+        start, start_cpu, faults = time.perf_counter(), time.process_time(), minor_faults()
         if profiler is not None:
             profiler.enable()
-        refit_weights(model, payload)
+        refit_weights(model, payloads[i % 2])
         if profiler is not None:
             profiler.disable()
+        sync()
         refit_times.append(time.perf_counter() - start)
         refit_cpu.append(time.process_time() - start_cpu)
+        refit_faults.append(minor_faults() - faults)
 
     if profiler is not None:
         import pstats
@@ -158,7 +208,7 @@ def run(args: argparse.Namespace, config: Any) -> None:
     result = {
         "vllm": vllm.__version__,
         "torch": torch.__version__,
-        "device": "cuda" if torch.cuda.is_available() else "cpu",
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "layers": args.layers,
         "hidden": args.hidden,
         "experts": args.experts,
@@ -170,6 +220,13 @@ def run(args: argparse.Namespace, config: Any) -> None:
         "first_load_cpu_s": round(statistics.median(load_cpu), 4),
         "refit_cpu_s": round(statistics.median(refit_cpu), 4),
         "cpu_ratio": round(statistics.median(refit_cpu) / statistics.median(load_cpu), 3),
+        # vLLM's load_model also builds the model (create_weights) before loading: with it counted
+        "build_s": round(statistics.median(build_times), 4),
+        "ratio_to_build_and_load": round(refit / (load + statistics.median(build_times)), 3),
+        "first_load_faults": int(statistics.median(load_faults)),
+        "refit_faults": int(statistics.median(refit_faults)),
+        **({"first_load_from_host_s": round(statistics.median(host_times), 4),
+            "ratio_to_host_load": round(refit / statistics.median(host_times), 3)} if host_times else {}),
         "torch_threads": torch.get_num_threads(),
         "kernel_tensors": len(before),
         "reallocated": moved,
