@@ -35,13 +35,14 @@ from typing import Any
 
 import torch
 
-from . import _refit_plain
-from ._refit_loaders import wrap_counting_loader
+from . import _refit_plain, _refit_writes
+from ._refit_loaders import counting_loader, get_loader, set_loader, wrap_counting_loader
 from ._refit_state import (
     STATE_ATTR,
     KernelTensors,
     LayerRefitState,
     LoadLog,
+    ParamSpec,
     Staging,
     clear_tensors,
     describe_tensor,
@@ -53,6 +54,7 @@ from .refit import RefitError
 logger = logging.getLogger(__name__)
 
 _KV_STAGING_ATTR = "_patchkit_kv_refit_staging"
+_WRITES_ATTR = "_patchkit_refit_write_counting"  #: the refit's hold on _refit_writes
 _KV_SCALE_NAMES = ("q_scale", "k_scale", "v_scale", "prob_scale")
 _EXACT_DTYPES = frozenset({torch.uint8, torch.int8, torch.float8_e4m3fn, torch.float8_e5m2})
 
@@ -66,11 +68,14 @@ def prepare(model: torch.nn.Module) -> None:
     _refuse_unrecorded_nvfp4_layers(model)
     if (
         _refit_plain.is_prepared(model)
+        or _WRITES_ATTR in model.__dict__
         or any(state.staging is not None for _, _, state in layers)
         or any(hasattr(layer, _KV_STAGING_ATTR) for _, layer in kv_layers)
     ):
         raise RefitError("a refit is already prepared on this model; finish or abort it first")
     try:
+        # Installed once for the refit, not per loader call (each install rewrites torch.Tensor).
+        object.__setattr__(model, _WRITES_ATTR, _refit_writes.hold())
         for name, layer, state in layers:
             _stage_layer(name, layer, state)
         for name, layer in kv_layers:
@@ -85,15 +90,50 @@ def prepare(model: torch.nn.Module) -> None:
 
 
 def _stage_layer(layer_name: str, layer: torch.nn.Module, state: LayerRefitState) -> None:
-    staging = Staging(params={})
+    if state.staged_params is None:
+        # Built once: a vLLM parameter and its wrapped loader cost more to make than the storage.
+        state.staged_params = {
+            name: _staged_param(layer_name, name, spec, state) for name, spec in state.checkpoint.items()
+        }
     for name, spec in state.checkpoint.items():
-        param = spec.materialize()
-        _wrap_loader(param, layer_name, name, staging.log)
-        staging.params[name] = param
+        param, attrs = state.staged_params[name]
+        param.data = spec.empty()
+        # What the last refit's processing (or anyone) set on the parameter does not carry over.
+        param.__dict__.clear()
+        param.__dict__.update(attrs)
     clear_tensors(layer)
-    for name, param in staging.params.items():
+    for name, (param, _) in state.staged_params.items():
         layer.register_parameter(name, param)
-    state.staging = staging
+    state.staging = Staging(params={name: param for name, (param, _) in state.staged_params.items()})
+
+
+def _staged_param(
+    layer_name: str, name: str, spec: ParamSpec, state: LayerRefitState
+) -> tuple[torch.nn.Parameter, dict[str, Any]]:
+    """A staged parameter and its attribute dict: the recorded one, with a counting loader."""
+    param = spec.materialize()
+
+    def log() -> LoadLog:
+        assert state.staging is not None, "a staged parameter's loader ran outside its refit"
+        return state.staging.log
+
+    set_loader(param, counting_loader(
+        get_loader(param),
+        name,
+        log,
+        spec.numel,
+        check=functools.partial(_check_dtype, layer_name, name, spec.dtype),
+        on_error=_loader_error(layer_name, name),
+    ))
+    return param, dict(param.__dict__)
+
+
+def _unstage(state: LayerRefitState) -> None:
+    """End the layer's refit: its staged parameters let go of their storage."""
+    state.staging = None
+    for name, (param, _) in (state.staged_params or {}).items():
+        spec = state.checkpoint[name]
+        param.data = torch.empty(0, dtype=spec.dtype, device=spec.device)
 
 
 def _stage_kv_scales(layer_name: str, layer: torch.nn.Module) -> None:
@@ -109,6 +149,16 @@ def _stage_kv_scales(layer_name: str, layer: torch.nn.Module) -> None:
 
 
 def _wrap_loader(param: torch.nn.Parameter, layer_name: str, name: str, log: LoadLog) -> None:
+    wrap_counting_loader(
+        param,
+        name,
+        log,
+        check=functools.partial(_check_dtype, layer_name, name, param.dtype),
+        on_error=_loader_error(layer_name, name),
+    )
+
+
+def _loader_error(layer_name: str, name: str) -> Callable[[torch.Tensor, torch.Tensor, Exception], RefitError]:
     def error(target: torch.Tensor, loaded_weight: torch.Tensor, exc: Exception) -> RefitError:
         return RefitError(
             f"refit of layer {layer_name!r}: parameter {name!r} is {describe_tensor(target)}"
@@ -119,24 +169,22 @@ def _wrap_loader(param: torch.nn.Parameter, layer_name: str, name: str, log: Loa
             got=describe_tensor(loaded_weight),
         )
 
-    wrap_counting_loader(
-        param,
-        name,
-        log,
-        check=functools.partial(_check_dtype, layer_name, name),
-        on_error=error,
-    )
+    return error
 
 
-def _check_dtype(layer_name: str, name: str, target: torch.Tensor, loaded_weight: torch.Tensor) -> None:
+def _check_dtype(
+    layer_name: str, name: str, dtype: torch.dtype, target: torch.Tensor, loaded_weight: torch.Tensor
+) -> None:
     # A copy_ into uint8/fp8 storage would silently cast floats; scales may arrive in any float.
-    exact = target.dtype in _EXACT_DTYPES
-    ok = loaded_weight.dtype == target.dtype if exact else loaded_weight.is_floating_point()
+    # ``dtype`` is the destination's, recorded: reading it off a vLLM parameter costs a
+    # __torch_function__ round trip per checkpoint tensor.
+    exact = dtype in _EXACT_DTYPES
+    ok = loaded_weight.dtype == dtype if exact else loaded_weight.is_floating_point()
     if not ok:
         raise RefitError(
             f"refit of layer {layer_name!r}: parameter {name!r} is {describe_tensor(target)}"
             f" but the refit tensor is {describe_tensor(loaded_weight)} (dtype must be"
-            f" {target.dtype if exact else 'a floating type'})",
+            f" {dtype if exact else 'a floating type'})",
             layer=layer_name,
             parameter=name,
             expected=describe_tensor(target),
@@ -164,6 +212,7 @@ def finish(model: torch.nn.Module) -> None:
             plain = _refit_plain.take(model)
             if plain is not None:
                 plain.release()
+            _release_write_counting(model)
     except BaseException:
         abort(model)
         raise
@@ -226,7 +275,7 @@ def _commit(layer: torch.nn.Module, state: LayerRefitState, fresh: KernelTensors
         new = fresh.get(name)
         if new is not None and new is not old:
             old.data.copy_(new)
-    state.staging = None
+    _unstage(state)
 
 
 def _commit_kv_scales(layer: torch.nn.Module) -> None:
@@ -301,14 +350,21 @@ def abort(model: torch.nn.Module) -> None:
                 if state.staging is not None:
                     state.kernel.place_on(layer)
                     restore_method_state(layer.quant_method, state.method_state)
-                    state.staging = None
+                    _unstage(state)
             for _, layer in _kv_scale_layers(model):
                 if hasattr(layer, _KV_STAGING_ATTR):
                     object.__delattr__(layer, _KV_STAGING_ATTR)
                     _drop_kv_scale_params(layer)
         finally:
+            _release_write_counting(model)
             if plain is not None:
                 plain.restore()
+
+
+def _release_write_counting(model: torch.nn.Module) -> None:
+    hold = model.__dict__.pop(_WRITES_ATTR, None)
+    if hold is not None:
+        hold.release()
 
 
 @contextlib.contextmanager

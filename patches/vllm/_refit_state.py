@@ -59,14 +59,21 @@ class ParamSpec:
         )
 
     @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
     def required(self) -> int:
         """Elements a refit must write: the whole parameter, or nothing for a placeholder."""
-        return 0 if self.optional else math.prod(self.shape)
+        return 0 if self.optional else self.numel
+
+    def empty(self) -> torch.Tensor:
+        """Uninitialised storage of the recorded shape, strides, dtype and device."""
+        return torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device=self.device)
 
     def materialize(self) -> torch.nn.Parameter:
         """A new, uninitialised parameter of the recorded vLLM class with the recorded loader."""
-        data = torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device=self.device)
-        param = torch.nn.Parameter(data, requires_grad=False)
+        param = torch.nn.Parameter(self.empty(), requires_grad=False)
         # vLLM parameter constructors need loader and dims as arguments whose names differ per
         # class; restoring class and attribute dict reproduces what create_weights built.
         param.__class__ = self.cls
@@ -153,6 +160,10 @@ class LayerRefitState:
     kernel: KernelTensors
     method_state: dict[str, Any]
     staging: Staging | None = None
+    #: the checkpoint-format parameters and their attribute dicts (with the counting loaders), built
+    #: at the layer's first refit and given fresh storage by each refit (empty in between: they
+    #: hold no memory)
+    staged_params: dict[str, tuple[torch.nn.Parameter, dict[str, Any]]] | None = None
 
 
 def capture_checkpoint_specs(

@@ -24,7 +24,7 @@ import torch
 from moe_helpers import MoEModel
 from moe_helpers import checkpoint as moe_checkpoint
 from nvfp4_helpers import assert_same_kernel_state, bits, items, kernel_state, linear_checkpoint
-from patchkit.patches.vllm import _refit_impl, _refit_plain
+from patchkit.patches.vllm import _refit_impl, _refit_plain, _refit_writes
 from patchkit.patches.vllm._refit_loaders import set_loader
 from patchkit.patches.vllm.refit import RefitError, abort_refit, prepare_refit, refit, refit_weights
 
@@ -117,6 +117,7 @@ def refitted_a(nvfp4_refit_patch: None, vllm_config: object) -> Iterator[MixedMo
     loaders = loader_attributes(model)
     yield model
     assert _refit_plain.GUARD_ATTR not in model.__dict__
+    assert not _refit_writes.installed(), "the refit's write counting outlived it"
     assert loader_attributes(model) == loaders
     refit_weights(model, items(dict(B)))
     assert_serves_as_a_clean_refit(model, B)
@@ -234,6 +235,36 @@ def test_a_base_exception_mid_refit_leaves_the_previous_refit(refitted_a: MixedM
     finally:
         refitted_a.dense.weight.weight_loader = original
     assert_same_kernel_state(refitted_a, before)
+
+
+def test_a_write_the_counter_does_not_see_fails_the_refit_loudly(refitted_a: MixedModel) -> None:
+    """Writes through ``out=`` are not counted (no vLLM loader makes them): such a loader must make
+    the refit fail as "not loaded in full", never pass with whatever the staging held."""
+    before = kernel_state(refitted_a)
+
+    def writes_through_out(param: torch.Tensor, loaded_weight: torch.Tensor) -> None:
+        torch.bitwise_or(loaded_weight, 0, out=param.data)
+
+    with pytest.raises(RefitError, match="'down'.*'weight'.*not loaded in full") as error:
+        with refit(refitted_a):
+            set_loader(refitted_a.down.weight, writes_through_out)
+            refitted_a.load_weights(iter(B))
+    assert (error.value.layer, error.value.parameter) == ("down", "weight")
+    assert_same_kernel_state(refitted_a, before)
+
+
+def test_staged_parameters_hold_storage_only_during_a_refit(refitted_a: MixedModel) -> None:
+    states = [state for _, _, state in _refit_impl._recorded_layers(refitted_a)]
+    staged = [param for state in states for param, _ in (state.staged_params or {}).values()]
+    assert len(staged) == sum(len(state.checkpoint) for state in states) > 0
+    assert all(param.numel() == 0 for param in staged)
+    prepare_refit(refitted_a)
+    try:
+        assert all(param.numel() == state.checkpoint[name].numel
+                   for state in states for name, (param, _) in state.staged_params.items())
+    finally:
+        abort_refit(refitted_a)
+    assert all(param.numel() == 0 for param in staged)
 
 
 def test_a_keyboard_interrupt_mid_stream_leaves_the_previous_refit(refitted_a: MixedModel) -> None:

@@ -1,15 +1,20 @@
-"""The refit's write counter and loader wrapper (``_refit_loaders``), on plain tensors.
+"""The refit's write counter (``_refit_writes``) and loader wrapper (``_refit_loaders``), on plain tensors.
 
-The counter is a ``TorchFunctionMode`` (cheaper than the ``TorchDispatchMode`` it replaced, see the
-module docstring): it must see every in-place write a vLLM loader makes, and nothing else.
+The counter wraps ``torch.Tensor``'s in-place writes while a refit holds it (cheaper than the
+function and dispatch modes it replaced, see ``_refit_writes``): it must see every in-place write a
+vLLM loader makes, once, in its own thread only, and leave ``torch.Tensor`` as it was.
 """
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
-from patchkit.patches.vllm._refit_loaders import WriteCounter, wrap_counting_loader
+from patchkit.patches.vllm import _refit_writes
+from patchkit.patches.vllm._refit_loaders import wrap_counting_loader
 from patchkit.patches.vllm._refit_state import LoadLog
+from patchkit.patches.vllm._refit_writes import WriteCounter
 
 
 @pytest.mark.parametrize(("write", "elements"), [
@@ -19,7 +24,8 @@ from patchkit.patches.vllm._refit_state import LoadLog
     (lambda t: t.data[3].__setitem__(slice(0, 4), 1.0), 4),  # t[3][:4] = v (fused-MoE scales)
     (lambda t: t.data.fill_(2.0), 32),  # default_weight_loader for scalars
     (lambda t: t.data[0].zero_(), 8),
-    (lambda t: torch.add(torch.ones(4, 8), 1, out=t.data), 32),
+    # Not counted (no vLLM loader writes this way): a refit through it fails "not loaded in full".
+    (lambda t: torch.add(torch.ones(4, 8), 1, out=t.data), 0),
     (lambda t: (t.data.sum(), t.data.clone(), t.data.narrow(0, 0, 1)), 0),  # reads only
 ])
 def test_counter_counts_in_place_writes_only(write, elements: int) -> None:
@@ -27,6 +33,81 @@ def test_counter_counts_in_place_writes_only(write, elements: int) -> None:
     with WriteCounter() as counter:
         write(tensor)
     assert counter.copied == elements
+    assert not _refit_writes.installed()
+
+
+class TorchFunctionParameter(torch.nn.Parameter):
+    """Like vLLM's ``BasevLLMParameter``: a subclass whose ``__torch_function__`` calls ``func`` again."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+@pytest.mark.parametrize(("write", "elements"), [
+    (lambda p: p.copy_(torch.ones(4, 8)), 32),
+    (lambda p: p.__setitem__(1, 2.0), 8),
+    (lambda p: p.fill_(1.0), 32),
+])
+def test_a_write_through_a_torch_function_subclass_counts_once(write, elements: int) -> None:
+    # torch hands the subclass's __torch_function__ the torch.Tensor attribute, i.e. the counting
+    # wrapper itself: without the guard each write counted twice, and a half-loaded parameter passed.
+    param = TorchFunctionParameter(torch.zeros(4, 8), requires_grad=False)
+    with torch.no_grad(), WriteCounter() as counter:
+        write(param)
+    assert counter.copied == elements
+
+
+def test_counters_nest_and_count_their_own_writes() -> None:
+    tensor = torch.zeros(4, 8)
+    with WriteCounter() as outer:
+        tensor.copy_(torch.ones(4, 8))
+        with WriteCounter() as inner:
+            tensor[0].fill_(2.0)
+        tensor[1].zero_()
+    assert (outer.copied, inner.copied) == (40, 8)
+
+
+def test_writes_of_other_threads_are_not_counted() -> None:
+    """Between loader calls the exporter (or any thread) writes tensors too; only the loader's count."""
+    tensor = torch.zeros(1000)
+    started, done = threading.Event(), threading.Event()
+
+    def other_thread() -> None:
+        started.wait()
+        for _ in range(100):
+            tensor.copy_(torch.ones(1000))
+        done.set()
+
+    worker = threading.Thread(target=other_thread)
+    worker.start()
+    with WriteCounter() as counter:
+        started.set()
+        done.wait(timeout=30)
+        torch.zeros(3).fill_(1.0)
+    worker.join()
+    assert counter.copied == 3
+
+
+def test_holds_install_once_and_the_last_release_restores_torch_tensor() -> None:
+    before = {name: getattr(torch.Tensor, name) for name in ("copy_", "fill_", "zero_", "__setitem__")}
+    first, second = _refit_writes.hold(), _refit_writes.hold()
+    assert _refit_writes.installed()
+    first.release()
+    first.release()  # idempotent: one hold, one release
+    assert _refit_writes.installed()
+    second.release()
+    assert not _refit_writes.installed()
+    assert {name: getattr(torch.Tensor, name) for name in before} == before
+    assert not any(name in vars(torch.Tensor) for name in before)
+
+
+def test_a_write_that_raises_still_leaves_the_thread_counting() -> None:
+    with WriteCounter() as counter:
+        with pytest.raises(RuntimeError):
+            torch.zeros(4).copy_(torch.ones(5))
+        torch.zeros(4).copy_(torch.ones(4))
+    assert counter.copied == 4
 
 
 class Layer:
