@@ -23,7 +23,8 @@ outermost write of a thread counts.
 
 Not counted: ``out=`` arguments and other in-place ops (``index_copy_``, ``masked_fill_``); no vLLM
 loader writes that way (0.24-0.33). A write that is not counted makes the refit fail with "not
-loaded in full", loudly; it can never make a short load pass.
+loaded in full", loudly; it can never make a short load pass. Code that ``torch.compile`` traces
+in another thread while a refit is prepared sees the wrappers (a graph break there).
 """
 
 from __future__ import annotations
