@@ -3,10 +3,12 @@
 The sequence mirrors what vLLM's own layerwise reload (``model_loader/reload``, 0.16+) does for
 one layer, done model-wide and all-or-nothing:
 
-1. ``prepare``: put fresh checkpoint-format parameters (recorded class, dims and weight loader) in
-   place of the kernel tensors, each loader wrapped to check dtypes, name the layer and parameter
-   in errors, and count the elements it writes (as vLLM's reload does with ``copy_``), so a
-   missing or short tensor is caught even where an upstream loader copies it without complaint.
+1. ``prepare``: put checkpoint-format parameters (recorded class, dims and weight loader) with
+   fresh storage in place of the kernel tensors, each loader wrapped to check dtypes, name the
+   layer and parameter in errors, and count the elements it writes (``_refit_writes``; vLLM's
+   reload counts ``copy_`` too), so a missing or short tensor is caught even where an upstream
+   loader copies it without complaint. The parameter objects and wrapped loaders are built at a
+   layer's first refit and kept, without storage, for the next.
    Attention layers with a KV-cache method get their scale parameters back through the method's
    own ``create_weights``.
 2. the caller runs ``model.load_weights`` (vLLM's loaders fill the staged parameters).
@@ -95,6 +97,8 @@ def _stage_layer(layer_name: str, layer: torch.nn.Module, state: LayerRefitState
         state.staged_params = {
             name: _staged_param(layer_name, name, spec, state) for name, spec in state.checkpoint.items()
         }
+    # Set first: an abort from here on gives the storage back (``_unstage``).
+    state.staging = Staging(params={name: param for name, (param, _) in state.staged_params.items()})
     for name, spec in state.checkpoint.items():
         param, attrs = state.staged_params[name]
         param.data = spec.empty()
@@ -102,9 +106,8 @@ def _stage_layer(layer_name: str, layer: torch.nn.Module, state: LayerRefitState
         param.__dict__.clear()
         param.__dict__.update(attrs)
     clear_tensors(layer)
-    for name, (param, _) in state.staged_params.items():
+    for name, param in state.staging.params.items():
         layer.register_parameter(name, param)
-    state.staging = Staging(params={name: param for name, (param, _) in state.staged_params.items()})
 
 
 def _staged_param(
