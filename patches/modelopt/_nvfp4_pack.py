@@ -59,10 +59,11 @@ def _bounds(device: torch.device) -> torch.Tensor:
 
 
 def _quantize_rows(
-    rows: torch.Tensor, scale_2: torch.Tensor, block_size: int
+    rows: torch.Tensor, scale_2: torch.Tensor, block_size: int, finite: list[torch.Tensor]
 ) -> tuple[torch.Tensor, torch.Tensor]:
     blocks = rows.reshape(rows.shape[0], -1, block_size)
     block_amax = blocks.abs().amax(dim=-1).float()
+    finite.append(torch.isfinite(block_amax).all())  # amax propagates NaN and infinity
     block_scale = block_amax / (E2M1_MAX * scale_2)
     block_scale[block_scale == 0] = 1.0
     block_scale_fp8 = block_scale.clamp(min=E4M3_MIN_SCALE, max=E4M3_MAX).to(torch.float8_e4m3fn)
@@ -80,6 +81,7 @@ def quantize_nvfp4(
     *,
     slice_bytes: int = DEFAULT_SLICE_BYTES,
     backend: Literal["auto", "torch", "triton"] = "auto",
+    nonfinite: list[torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(packed weight uint8, weight_scale fp8, weight_scale_2 fp32)`` of ``weight`` with its quantizer's amax.
 
@@ -87,6 +89,12 @@ def quantize_nvfp4(
     (ModelOpt pads otherwise; Megatron linears never need it). Leading dimensions are kept.
     ``backend="auto"`` runs the fused Triton kernel for a CUDA weight with blocks of 16 when Triton
     is installed, and the torch ops otherwise; both give the same bits.
+
+    ``nonfinite``: a list to which a 0-d bool tensor on the weight's device is appended, True when
+    the weight holds a NaN or an infinity (which NVFP4 would turn into the largest code without a
+    word). It comes from the quantization pass itself and is not read here, so checking it costs
+    no wait on the device; the caller reads it when it chooses (``_qat_export``: at the end of the
+    stream).
     """
     if weight.dim() < 1 or weight.shape[-1] % block_size or weight.shape[-1] % 2:
         raise ValueError(
@@ -100,7 +108,9 @@ def quantize_nvfp4(
     if _use_triton(weight, block_size, backend):
         from ._nvfp4_pack_triton import quantize_rows
 
-        packed, scales = quantize_rows(rows, scale_2)
+        packed, scales, bad_programs = quantize_rows(rows, scale_2)
+        if nonfinite is not None:
+            nonfinite.append(bad_programs.any())
         return packed.reshape(*leading, columns // 2), scales.reshape(*leading, columns // block_size), scale_2
     packed = torch.empty(rows.shape[0], columns // 2, dtype=torch.uint8, device=weight.device)
     scales = torch.empty(rows.shape[0], columns // block_size, dtype=torch.float8_e4m3fn, device=weight.device)
@@ -109,9 +119,12 @@ def quantize_nvfp4(
     # (outputs 0.28x + temporaries) under the weight's size.
     budget = min(slice_bytes, max(weight.numel() * weight.element_size() // 2, 16 * columns))
     step = max(1, budget // (16 * columns))
+    finite: list[torch.Tensor] = []
     for start in range(0, rows.shape[0], step):
         part = slice(start, start + step)
-        packed[part], scales[part] = _quantize_rows(rows[part], scale_2, block_size)
+        packed[part], scales[part] = _quantize_rows(rows[part], scale_2, block_size, finite)
+    if nonfinite is not None:
+        nonfinite.append(~torch.stack(finite).all() if finite else torch.zeros((), dtype=torch.bool))
     return packed.reshape(*leading, columns // 2), scales.reshape(*leading, columns // block_size), scale_2
 
 

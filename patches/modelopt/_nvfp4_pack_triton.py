@@ -41,7 +41,12 @@ def _e2m1_codes(scaled):
 
 
 @triton.jit
-def _quantize_blocks(weight_ptr, packed_ptr, scale_ptr, scale_2_ptr, n_blocks, BLOCKS: tl.constexpr):
+def _max_keeping_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _quantize_blocks(weight_ptr, packed_ptr, scale_ptr, scale_2_ptr, bad_ptr, n_blocks, BLOCKS: tl.constexpr):
     block = tl.program_id(0).to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
     in_range = block < n_blocks
     # Even and odd elements of each block as two [BLOCKS, 8] tiles: they share cache lines, and
@@ -51,7 +56,10 @@ def _quantize_blocks(weight_ptr, packed_ptr, scale_ptr, scale_2_ptr, n_blocks, B
     odd = tl.load(weight_ptr + even_offsets + 1, mask=in_range[:, None], other=0.0).to(tl.float32)
     scale_2 = tl.load(scale_2_ptr)
 
-    block_amax = tl.maximum(tl.max(tl.abs(even), axis=1), tl.max(tl.abs(odd), axis=1))
+    # NaN survives the block maximum (as in torch's amax; tl.max would drop it), so a block holding
+    # NaN or infinity has a non-finite amax: the flag costs no extra pass over the weights.
+    block_amax = _max_keeping_nan(tl.reduce(tl.abs(even), 1, _max_keeping_nan),
+                                  tl.reduce(tl.abs(odd), 1, _max_keeping_nan))
     block_scale = tl.math.div_rn(block_amax, 6.0 * scale_2)
     block_scale = tl.where(block_scale == 0.0, 1.0, block_scale)
     block_scale = tl.minimum(tl.maximum(block_scale, 0.001953125), 448.0)  # [2**-9, 448]
@@ -61,20 +69,25 @@ def _quantize_blocks(weight_ptr, packed_ptr, scale_ptr, scale_2_ptr, n_blocks, B
     packed = _e2m1_codes(tl.math.div_rn(even, divisor)) | (_e2m1_codes(tl.math.div_rn(odd, divisor)) << 4)
     tl.store(packed_ptr + block[:, None] * 8 + tl.arange(0, 8)[None, :], packed, mask=in_range[:, None])
     tl.store(scale_ptr + block, block_scale_fp8, mask=in_range)
+    non_finite = ((block_amax != block_amax) | (block_amax == float("inf"))).to(tl.int8)  # masked blocks: 0
+    tl.store(bad_ptr + tl.program_id(0), tl.max(non_finite, axis=0))
 
 
-def quantize_rows(rows: torch.Tensor, scale_2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(packed uint8 [rows, columns / 2], scales fp8 [rows, columns / 16])`` of a 2-D CUDA weight.
+def quantize_rows(rows: torch.Tensor, scale_2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(packed uint8 [rows, columns / 2], scales fp8 [rows, columns / 16], bad int8 [programs])`` of a 2-D
+    CUDA weight.
 
     Blocks of 16 along the last dimension; ``columns`` must be a multiple of 16 (checked by the
-    caller). No float32 temporaries: the outputs are the only allocation.
+    caller). ``bad`` is 1 for each program whose blocks hold a NaN or an infinity. No float32
+    temporaries: the outputs are the only allocation.
     """
     rows = rows.contiguous()
     packed = torch.empty(rows.shape[0], rows.shape[1] // 2, dtype=torch.uint8, device=rows.device)
     scales = torch.empty(rows.shape[0], rows.shape[1] // 16, dtype=torch.float8_e4m3fn, device=rows.device)
     n_blocks = rows.numel() // 16
+    programs = triton.cdiv(n_blocks, BLOCKS_PER_PROGRAM)
+    bad = torch.empty(programs, dtype=torch.int8, device=rows.device)
     if n_blocks:
-        grid = (triton.cdiv(n_blocks, BLOCKS_PER_PROGRAM),)
-        _quantize_blocks[grid](rows, packed, scales, scale_2.reshape(1).to(torch.float32).contiguous(), n_blocks,
-                               BLOCKS=BLOCKS_PER_PROGRAM, num_warps=WARPS)
-    return packed, scales
+        _quantize_blocks[(programs,)](rows, packed, scales, scale_2.reshape(1).to(torch.float32).contiguous(), bad,
+                                      n_blocks, BLOCKS=BLOCKS_PER_PROGRAM, num_warps=WARPS)
+    return packed, scales, bad

@@ -20,6 +20,7 @@ sync NVFP4 weight amax across TP), which is the amax of the same weights at TP=1
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
@@ -29,6 +30,7 @@ from modelopt.torch.quantization.nn import TensorQuantizer
 from torch import nn
 
 from ._export_errors import QATExportError
+from ._export_finite import NonFiniteWeights
 from ._export_names import export_order_key, global_names
 from ._fused_experts import fuse_experts
 from ._nvfp4_pack import quantize_nvfp4
@@ -125,14 +127,20 @@ def check_qat_model(chunks: list[nn.Module]) -> None:
 
 
 def checkpoint_tensors(
-    name: str, tensor: torch.Tensor, spec: QuantSpec | None
+    name: str, tensor: torch.Tensor, spec: QuantSpec | None, nonfinite: NonFiniteWeights | None = None
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """The checkpoint tensors of one exported parameter: as is, or NVFP4 ``weight``, scales, input scale."""
+    """The checkpoint tensors of one exported parameter: as is, or NVFP4 ``weight``, scales, input scale.
+
+    With ``nonfinite``, a quantized weight's NaN/infinity flag is recorded there (read at the end).
+    """
     if spec is None:
         yield name, tensor
         return
     base = name[: -len(".weight")] if name.endswith(".weight") else name
-    packed, scale, scale_2 = quantize_nvfp4(tensor, spec.amax.to(tensor.device), spec.block_size)
+    flags: list[torch.Tensor] = []
+    packed, scale, scale_2 = quantize_nvfp4(tensor, spec.amax.to(tensor.device), spec.block_size, nonfinite=flags)
+    if nonfinite is not None:
+        nonfinite.record(name, flags[0])
     yield name, packed
     yield f"{base}.weight_scale", scale
     yield f"{base}.weight_scale_2", scale_2
@@ -249,6 +257,7 @@ def _megatron_export(chunks: list[nn.Module]) -> Iterator[tuple[str, torch.Tenso
     rank, world = _dist()
     entries, local = _announce(chunks)
     device = next((p.device for chunk in chunks for p in chunk.parameters()), torch.device("cpu"))
+    nonfinite = NonFiniteWeights()
     for entry in entries:
         tensor = local.get(entry.name)
         if tensor is not None:
@@ -259,8 +268,9 @@ def _megatron_export(chunks: list[nn.Module]) -> Iterator[tuple[str, torch.Tenso
                 tensor = torch.empty(entry.shape, dtype=entry.dtype, device=device)
             torch.distributed.broadcast(tensor.contiguous() if rank == source else tensor, src=source)
         assert tensor is not None  # every entry is held somewhere, and broadcast fills the rest
-        yield from checkpoint_tensors(entry.name, tensor, entry.spec)
+        yield from checkpoint_tensors(entry.name, tensor, entry.spec, nonfinite)
         del tensor
+    nonfinite.raise_if_any()
 
 
 # --- Hugging Face names through a Bridge -------------------------------------------------------
@@ -331,7 +341,9 @@ def _bridge_export(chunks: list[nn.Module], bridge: Any) -> Iterator[tuple[str, 
         if "_quantizer." not in hf_name
     )
     num_experts = int(getattr(chunks[0].config, "num_moe_experts", None) or 0)
-    yield from fuse_experts(stream, num_experts, checkpoint_tensors)
+    nonfinite = NonFiniteWeights()
+    yield from fuse_experts(stream, num_experts, functools.partial(checkpoint_tensors, nonfinite=nonfinite))
+    nonfinite.raise_if_any()
 
 
 # --- public -------------------------------------------------------------------------------------

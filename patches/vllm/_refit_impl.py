@@ -302,9 +302,19 @@ def refit_weights(
 ) -> None:
     load = load_weights if load_weights is not None else _default_loader(model)
     current: list[str] = []
+    producer_errors: list[BaseException] = []
 
     def stream() -> Iterator[tuple[str, torch.Tensor]]:
-        for name, tensor in weights:
+        iterator = iter(weights)
+        while True:
+            try:
+                name, tensor = next(iterator)
+            except StopIteration:
+                return
+            except BaseException as exc:
+                # The producer's own error (an exporter's QATExportError, say) is not about loading.
+                producer_errors.append(exc)
+                raise
             current[:] = [name]
             yield name, tensor
 
@@ -315,9 +325,11 @@ def refit_weights(
         abort(model)
         raise
     except Exception as exc:
+        abort(model)
+        if any(exc is error for error in producer_errors):
+            raise
         # vLLM's loaders raise ValueError/KeyError for a name the model does not have, and shape
         # asserts for tensors they cannot place; say which tensor it was.
-        abort(model)
         name = current[0] if current else None
         layer, _, parameter = (name or "").rpartition(".")
         raise RefitError(

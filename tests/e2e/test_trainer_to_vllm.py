@@ -33,7 +33,7 @@ from __future__ import annotations
 import pytest
 import torch
 from nvfp4_helpers import assert_same_kernel_state, bits, dummy_started, kernel_state
-from patchkit.patches.modelopt.qat import export_qat_weights
+from patchkit.patches.modelopt.qat import QATExportError, export_qat_weights
 from patchkit.patches.vllm.refit import RefitError, refit_weights
 from serving import ServingModel, served_expert_weights, served_linear_weight, with_input_scales
 from trainer import INPUT_SCALE, TrainedState, trained_state
@@ -180,3 +180,21 @@ def test_after_a_failed_refit_the_model_serves_the_previous_refit_exactly(nvfp4_
     assert_same_kernel_state(model, after_first)
     refit_weights(model, iter(good))  # and the model still refits
     assert_same_kernel_state(model, after_first)
+
+
+def test_a_diverged_step_is_refused_and_the_model_serves_the_previous_refit(nvfp4_refit_patch, cpu_backend, stack):
+    """A NaN weight in the trainer: the export's check is read at the end of the stream, so vLLM's
+    loaders have taken every tensor; the exporter's own error reaches the caller (not a RefitError
+    about the last tensor) and the refit rolls back."""
+    states = [trained_state(False, torch.float32, steps=1), trained_state(False, torch.float32, steps=2)]
+    model = dummy_started(ServingModel(shapes_of(states[0]), "NVFP4", torch.float32), stack)
+    refit_from_trainer(model, states[0])
+    before = kernel_state(model)
+    name = next(iter(states[1].linears))
+    with torch.no_grad():
+        states[1].model.get_parameter(f"{name}.weight")[0, 0] = float("nan")
+    with pytest.raises(QATExportError, match="NaN or infinite") as caught:
+        refit_from_trainer(model, states[1])
+    assert caught.value.parameter == f"{name}.weight"
+    assert_same_kernel_state(model, before)
+    assert_serves(model, states[0])

@@ -73,3 +73,33 @@ def test_wrapped_chunks_are_unwrapped(megatron_cpu, cpu_backend):
     model = qat(build_gpt(False, dtype=torch.bfloat16))
     wrapped = Float16Module(model.config, model)
     assert [n for n, _ in export_qat_weights([wrapped])] == [n for n, _ in export_qat_weights(model)]
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_a_non_finite_weight_is_named_when_the_stream_ends(megatron_cpu, cpu_backend, value):
+    """A diverged step: NVFP4 would pack NaN or infinity as the largest code and vLLM serve it.
+    The check is read once, after the last tensor (see ``_export_finite``), so every tensor is
+    produced and the stream raises instead of ending."""
+    model = qat(build_gpt(False))
+    clean = [name for name, _ in export_qat_weights([model])]
+    linear = dict(model.named_modules())[QKV]
+    with torch.no_grad():
+        linear.weight[3, 5] = value
+    produced = []
+    with pytest.raises(QATExportError, match="NaN or infinite") as error:
+        for name, _ in export_qat_weights([model]):
+            produced.append(name)
+    assert produced == clean
+    assert (error.value.layer, error.value.parameter) == (QKV, f"{QKV}.weight")
+
+
+def test_every_non_finite_weight_is_counted_and_the_first_named(megatron_cpu, cpu_backend):
+    model = qat(build_gpt(False))
+    modules = dict(model.named_modules())
+    first, second = "decoder.layers.0.self_attention.linear_qkv", "decoder.layers.1.mlp.linear_fc2"
+    with torch.no_grad():
+        modules[second].weight.fill_(float("nan"))
+        modules[first].weight[0, 0] = float("inf")
+    with pytest.raises(QATExportError, match=r"1 more weights") as error:
+        list(export_qat_weights([model]))
+    assert error.value.parameter == f"{first}.weight"

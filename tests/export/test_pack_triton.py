@@ -74,3 +74,44 @@ def test_non_contiguous_weight_and_auto_backend():
     finally:
         _nvfp4_pack_triton.quantize_rows = original
     assert calls, "backend='auto' runs the fused kernel for a CUDA weight"
+
+
+def _nonfinite_flag(weight: torch.Tensor, backend: str) -> bool:
+    flags: list[torch.Tensor] = []
+    quantize_nvfp4(weight, torch.tensor(E2M1_MAX * E4M3_MAX), backend=backend, nonfinite=flags)  # type: ignore[arg-type]
+    (flag,) = flags
+    assert flag.dim() == 0 and flag.device == weight.device
+    return bool(flag)
+
+
+def _poisoned(value: float, where: tuple[int, int], shape: tuple[int, int] = (300, 4096)) -> torch.Tensor:
+    weight = torch.randn(shape)
+    weight[where] = value
+    return weight
+
+
+POISON = [
+    pytest.param(float("nan"), (0, 0), id="nan-first"),
+    pytest.param(float("inf"), (299, 4095), id="inf-last"),
+    pytest.param(float("-inf"), (150, 17), id="-inf-middle"),
+]
+
+
+@pytest.mark.parametrize(("value", "where"), POISON)
+def test_the_torch_pass_flags_a_nan_or_infinite_weight(value, where):
+    assert _nonfinite_flag(_poisoned(value, where), "torch")
+    assert not _nonfinite_flag(torch.randn(300, 4096) * 1e30, "torch")  # huge is not infinite
+    assert not _nonfinite_flag(torch.randn(5, 64), "torch")
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize(("value", "where"), POISON)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_fused_kernel_flags_a_nan_or_infinite_weight(value, where, dtype):
+    weight = _poisoned(value, where).to(dtype).cuda()
+    assert _nonfinite_flag(weight, "triton")
+    assert not _nonfinite_flag((torch.randn(300, 4096) * 1e30).to(dtype).cuda(), "triton")
+    assert not _nonfinite_flag(torch.randn(3, 48, dtype=dtype).cuda(), "triton")  # a partial program
+    if value == value:  # NaN blocks differ between the paths (NaN clamps differently); the export refuses them
+        _same_bits(weight, torch.tensor(E2M1_MAX * E4M3_MAX))  # the flag changes no output bit

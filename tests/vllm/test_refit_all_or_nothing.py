@@ -237,6 +237,26 @@ def test_a_base_exception_mid_refit_leaves_the_previous_refit(refitted_a: MixedM
     assert_same_kernel_state(refitted_a, before)
 
 
+class ProducerError(ValueError):
+    """What an exporter raises mid-stream (``QATExportError`` is a ValueError too)."""
+
+
+def test_the_producers_own_error_reaches_the_caller_as_it_is(refitted_a: MixedModel) -> None:
+    """An error raised by the weights iterable is not a loading error: before, it came back as a
+    RefitError about the last tensor loaded ("a name the model does not have")."""
+    before = kernel_state(refitted_a)
+    error = ProducerError("weight 'down.weight' is not finite")
+
+    def stream() -> Iterator[tuple[str, torch.Tensor]]:
+        yield from B[: len(B) // 2]
+        raise error
+
+    with pytest.raises(ProducerError) as raised:
+        refit_weights(refitted_a, stream())
+    assert raised.value is error
+    assert_same_kernel_state(refitted_a, before)
+
+
 def test_a_write_the_counter_does_not_see_fails_the_refit_loudly(refitted_a: MixedModel) -> None:
     """Writes through ``out=`` are not counted (no vLLM loader makes them): such a loader must make
     the refit fail as "not loaded in full", never pass with whatever the staging held."""
