@@ -119,12 +119,12 @@ def quantize_nvfp4(
     # (outputs 0.28x + temporaries) under the weight's size.
     budget = min(slice_bytes, max(weight.numel() * weight.element_size() // 2, 16 * columns))
     step = max(1, budget // (16 * columns))
-    finite: list[torch.Tensor] = []
+    finite = [torch.ones((), dtype=torch.bool, device=weight.device)]  # a weight with no rows is finite
     for start in range(0, rows.shape[0], step):
         part = slice(start, start + step)
         packed[part], scales[part] = _quantize_rows(rows[part], scale_2, block_size, finite)
     if nonfinite is not None:
-        nonfinite.append(~torch.stack(finite).all() if finite else torch.zeros((), dtype=torch.bool))
+        nonfinite.append(~torch.stack(finite).all())
     return packed.reshape(*leading, columns // 2), scales.reshape(*leading, columns // block_size), scale_2
 
 
