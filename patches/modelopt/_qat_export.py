@@ -127,11 +127,11 @@ def check_qat_model(chunks: list[nn.Module]) -> None:
 
 
 def checkpoint_tensors(
-    name: str, tensor: torch.Tensor, spec: QuantSpec | None, nonfinite: NonFiniteWeights | None = None
+    name: str, tensor: torch.Tensor, spec: QuantSpec | None, nonfinite: NonFiniteWeights
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """The checkpoint tensors of one exported parameter: as is, or NVFP4 ``weight``, scales, input scale.
 
-    With ``nonfinite``, a quantized weight's NaN/infinity flag is recorded there (read at the end).
+    A quantized weight's NaN/infinity flag is recorded in ``nonfinite`` (read at the end of the stream).
     """
     if spec is None:
         yield name, tensor
@@ -139,8 +139,7 @@ def checkpoint_tensors(
     base = name[: -len(".weight")] if name.endswith(".weight") else name
     flags: list[torch.Tensor] = []
     packed, scale, scale_2 = quantize_nvfp4(tensor, spec.amax.to(tensor.device), spec.block_size, nonfinite=flags)
-    if nonfinite is not None:
-        nonfinite.record(name, flags[0])
+    nonfinite.record(name, flags[0])
     yield name, packed
     yield f"{base}.weight_scale", scale
     yield f"{base}.weight_scale_2", scale_2

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from . import _refit_plain, _refit_writes
-from ._refit_loaders import counting_loader, get_loader, set_loader, wrap_counting_loader
+from ._refit_loaders import counting_loader, get_loader, set_loader
 from ._refit_state import (
     STATE_ATTR,
     KernelTensors,
@@ -120,14 +120,7 @@ def _staged_param(
         assert state.staging is not None, "a staged parameter's loader ran outside its refit"
         return state.staging.log
 
-    set_loader(param, counting_loader(
-        get_loader(param),
-        name,
-        log,
-        spec.numel,
-        check=functools.partial(_check_dtype, layer_name, name, spec.dtype),
-        on_error=_loader_error(layer_name, name),
-    ))
+    set_loader(param, _checked_counting_loader(get_loader(param), layer_name, name, spec.dtype, spec.numel, log))
     return param, dict(param.__dict__)
 
 
@@ -147,16 +140,27 @@ def _stage_kv_scales(layer_name: str, layer: torch.nn.Module) -> None:
     for name in _KV_SCALE_NAMES:
         param = getattr(layer, name, None)
         if isinstance(param, torch.Tensor):
-            _wrap_loader(param, layer_name, name, log)
+            set_loader(param, _checked_counting_loader(
+                get_loader(param), layer_name, name, param.dtype, param.numel(), lambda: log
+            ))
     object.__setattr__(layer, _KV_STAGING_ATTR, log)
 
 
-def _wrap_loader(param: torch.nn.Parameter, layer_name: str, name: str, log: LoadLog) -> None:
-    wrap_counting_loader(
-        param,
+def _checked_counting_loader(
+    original: Callable[..., Any],
+    layer_name: str,
+    name: str,
+    dtype: torch.dtype,
+    capacity: int,
+    log_of: Callable[[], LoadLog],
+) -> Callable[..., Any]:
+    """``original`` counting its writes into ``log_of()``, refusing a wrong dtype, naming the layer in errors."""
+    return counting_loader(
+        original,
         name,
-        log,
-        check=functools.partial(_check_dtype, layer_name, name, param.dtype),
+        log_of,
+        capacity,
+        check=functools.partial(_check_dtype, layer_name, name, dtype),
         on_error=_loader_error(layer_name, name),
     )
 

@@ -15,22 +15,6 @@ from ._refit_writes import WriteCounter
 # What a vLLM loader raises for a tensor it cannot place (shape asserts, narrow/copy errors).
 LOADER_ERRORS = (AssertionError, ValueError, RuntimeError, IndexError)
 
-def wrap_counting_loader(
-    param: torch.nn.Parameter,
-    name: str,
-    log: LoadLog,
-    *,
-    check: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
-    on_error: Callable[[torch.Tensor, torch.Tensor, Exception], Exception] | None = None,
-) -> None:
-    """Replace ``param``'s loader by one that calls it, counting into ``log[name]``.
-
-    ``check(param, tensor)`` runs before the original loader; ``on_error`` turns a loader error
-    into the exception to raise instead.
-    """
-    loader = counting_loader(get_loader(param), name, lambda: log, param.numel(), check=check, on_error=on_error)
-    set_loader(param, loader)
-
 
 def counting_loader(
     original: Callable[..., Any],

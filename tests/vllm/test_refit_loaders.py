@@ -12,7 +12,7 @@ import threading
 import pytest
 import torch
 from patchkit.patches.vllm import _refit_writes
-from patchkit.patches.vllm._refit_loaders import wrap_counting_loader
+from patchkit.patches.vllm._refit_loaders import counting_loader, get_loader, set_loader
 from patchkit.patches.vllm._refit_state import LoadLog
 from patchkit.patches.vllm._refit_writes import WriteCounter
 
@@ -125,7 +125,8 @@ def test_wrapped_loader_finds_destination_and_tensor_however_called(call: str, l
     param = torch.nn.Parameter(torch.zeros(1, 8), requires_grad=False)
     param.weight_loader = loader
     log, checked = LoadLog(), []
-    wrap_counting_loader(param, "w", log, check=lambda target, tensor: checked.append((target, tensor)))
+    set_loader(param, counting_loader(get_loader(param), "w", lambda: log, param.numel(),
+                                      check=lambda target, tensor: checked.append((target, tensor))))
     tensor = torch.ones(8) if loader is not plain_loader else torch.ones(1, 8)
     if call == "positional":
         param.weight_loader(param, tensor)
