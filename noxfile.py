@@ -19,14 +19,19 @@ import os
 import pathlib
 import shutil
 import subprocess
+import sys
+import tempfile
 import xml.etree.ElementTree as ET
 
 import nox
 import yaml
 
 ROOT = pathlib.Path(__file__).parent
+sys.path.insert(0, str(ROOT))
+from devtools import interpreters, locks  # noqa: E402  (the repository's own nox helpers)
+
 MATRIX = yaml.safe_load((ROOT / "compat_matrix.yaml").read_text())
-REPORTS = ROOT / ".nox" / "reports"
+REPORTS = ROOT / os.environ.get("PATCHKIT_REPORTS", ".nox/reports")
 RECORD = os.environ.get("MATRIX_RECORD", "check" if os.environ.get("CI") else "write")
 
 nox.options.default_venv_backend = "uv"
@@ -38,25 +43,12 @@ nox.options.error_on_missing_interpreters = True
 if os.environ.get("PIP_FIND_LINKS") and not os.environ.get("UV_FIND_LINKS"):
     os.environ["UV_FIND_LINKS"] = os.environ["PIP_FIND_LINKS"].replace(" ", ",")
 os.environ.setdefault("UV_HTTP_TIMEOUT", "600")
+# Interpreters are found by devtools.interpreters and handed to uv as paths: never downloaded.
+os.environ["UV_PYTHON_DOWNLOADS"] = "never"
 DEFAULT_PYTHON = "3.11"
-
-
-def _expose_pyenv_interpreters() -> None:
-    """Let uv find every pyenv-installed CPython (python3.12, ...), not only the global one.
-
-    pyenv's shims answer only for the versions it has selected; uv looks interpreters up on PATH by
-    name. Selecting all installed 3.x versions, the current one first, keeps `python3` unchanged.
-    """
-    if not shutil.which("pyenv") or os.environ.get("PYENV_VERSION"):
-        return
-    run = functools.partial(subprocess.run, capture_output=True, text=True, check=False)
-    current = run(["pyenv", "version-name"]).stdout.strip().split(":")
-    installed = [v for v in run(["pyenv", "versions", "--bare"]).stdout.split() if v.startswith("3.")]
-    if installed:
-        os.environ["PYENV_VERSION"] = ":".join(dict.fromkeys([*current, *sorted(installed, reverse=True)]))
-
-
-_expose_pyenv_interpreters()
+#: The canary (`nox -s canary`) sets this: install the newest releases, ignoring constraints/.
+UNPINNED = os.environ.get("PATCHKIT_UNPINNED") == "1"
+CONSTRAINTS = ROOT / "constraints"
 
 #: The main job's upstreams: what a Megatron + ModelOpt trainer has installed today (Python 3.12).
 DEMO_PYTHON = "3.12"
@@ -65,17 +57,69 @@ DEMO_INSTALL = [
 ]
 
 
-def _install_environment(session: nox.Session, env: dict) -> None:
-    for step in env.get("install", []):
-        session.install(*step)
-    if env.get("uninstall"):
-        session.run("uv", "pip", "uninstall", "-q", *env["uninstall"], external=True, silent=True)
-    session.install("-e", ".", "pytest")
+@functools.cache
+def _interpreter(version: str) -> str | None:
+    found = interpreters.find_python(version)
+    return str(found) if found else None
+
+
+def _session(name: str, python: str | None, needed_by: str, **options):
+    """``nox.session`` on the interpreter ``python`` names, or a session that says it is missing."""
+    if python is None:
+        return nox.session(name=name, **options)
+    path = _interpreter(python)
+    if path is not None:
+        return nox.session(name=name, python=path, **options)
+
+    def register(function):
+        def missing(session: nox.Session) -> None:
+            session.error(interpreters.missing_message(python, needed_by))
+
+        missing.__doc__ = function.__doc__
+        return nox.session(name=name, venv_backend="none", **options)(missing)
+
+    return register
+
+
+#: Every session that installs packages: its Python and its install steps (one `uv pip install` each).
+#: Each has a lock, constraints/<session>.txt, made by `nox -s lock`.
+INSTALLS: dict[str, tuple[str, list[list[str]]]] = {
+    f"tests-{name}": (env.get("python", DEFAULT_PYTHON), env.get("install", []))
+    for name, env in MATRIX["environments"].items()
+}
+INSTALLS["demo"] = (DEMO_PYTHON, DEMO_INSTALL)
+INSTALLS["lint"] = (DEFAULT_PYTHON, [["ruff", "mypy", "types-PyYAML"]])
+INSTALLS["matrix"] = (DEFAULT_PYTHON, [])
+INSTALLS["bench"] = (DEFAULT_PYTHON, [["torch==2.13.0"]])
+
+
+def _lock_inputs(name: str) -> locks.LockInputs:
+    python, steps = INSTALLS[name]
+    return locks.inputs_for(python, steps, ROOT)
+
+
+def _install(session: nox.Session, uninstall: list[str] = ()) -> None:
+    """Install the session's steps, then patchkit (editable) and pytest, under the session's lock."""
+    name = session.name
+    _, steps = INSTALLS[name]
+    constraint: list[str] = []
+    if not UNPINNED:
+        lock = CONSTRAINTS / f"{name}.txt"
+        try:
+            locks.check(lock, _lock_inputs(name), name)
+        except locks.StaleLockError as exc:
+            session.error(str(exc))
+        constraint = ["--constraint", str(lock)]
+    for step in steps:
+        session.install(*step, *constraint)
+    if uninstall:
+        session.run("uv", "pip", "uninstall", "-q", *uninstall, external=True, silent=True)
+    session.install("-e", ".", "pytest", *constraint)
 
 
 def _tests_session(name: str, env: dict):
     def run_tests(session: nox.Session) -> None:
-        _install_environment(session, env)
+        _install(session, env.get("uninstall", []))
         REPORTS.mkdir(parents=True, exist_ok=True)
         session.run("pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={REPORTS / name}.xml",
                     *env["tests"], *session.posargs, env={str(k): str(v) for k, v in env.get("env", {}).items()})
@@ -87,22 +131,22 @@ def _tests_session(name: str, env: dict):
 
 
 for _name, _env in MATRIX["environments"].items():
-    nox.session(name=f"tests-{_name}", python=_env.get("python", DEFAULT_PYTHON),
-                tags=["ci"] if _env.get("ci") else [])(_tests_session(_name, _env))
+    _session(f"tests-{_name}", _env.get("python", DEFAULT_PYTHON), f"environment {_name} (compat_matrix.yaml)",
+             tags=["ci"] if _env.get("ci") else [])(_tests_session(_name, _env))
 
 
-@nox.session(tags=["ci"])
+@_session("lint", DEFAULT_PYTHON, "the lint session", tags=["ci"])
 def lint(session: nox.Session) -> None:
     """ruff over everything, mypy --strict over the engine."""
-    session.install("ruff", "mypy", "types-PyYAML", "-e", ".")
-    session.run("ruff", "check", "patchkit", "patches", "tests", "benchmarks", "noxfile.py")
+    _install(session)
+    session.run("ruff", "check", "patchkit", "patches", "tests", "benchmarks", "devtools", "noxfile.py")
     session.run("mypy")
 
 
-@nox.session(tags=["ci"])
+@_session("matrix", DEFAULT_PYTHON, "the matrix session", tags=["ci"])
 def matrix(session: nox.Session) -> None:
     """compat_matrix.yaml agrees with the patch registry, and the README table is generated from it."""
-    session.install("-e", ".")
+    _install(session)
     session.run("patchkit", "matrix", "check")
     for document in ("README.md", "docs/compat-matrix.md"):
         if "<!-- compat-table:start -->" in (ROOT / document).read_text():
@@ -135,17 +179,75 @@ def summary(session: nox.Session) -> None:
         session.error("tests failed or none ran")
 
 
-@nox.session(python=DEMO_PYTHON)
+@_session("demo", DEMO_PYTHON, "the main job (nox -s demo)")
 def demo(session: nox.Session) -> None:
     """The main job: install patchkit with the real upstreams, apply every patch, prove each one here."""
-    _install_environment(session, {"install": DEMO_INSTALL})
+    _install(session)
     session.run("patchkit", "status")
     session.run("patchkit", "doctor", *session.posargs)
 
 
-@nox.session
+@_session("bench", DEFAULT_PYTHON, "the benchmarks (nox -s bench)")
 def bench(session: nox.Session) -> None:
     """The benchmarks in benchmarks/, each printing its ratios."""
-    _install_environment(session, {"install": [["torch==2.13.0"]]})
+    _install(session)
     for script in sorted((ROOT / "benchmarks").glob("bench_*.py")):
         session.run("python", str(script))
+
+
+@nox.session(venv_backend="none")
+def lock(session: nox.Session) -> None:
+    """(Re)make constraints/<session>.txt for the sessions named (default: every one) with `uv pip compile`."""
+    from uv import find_uv_bin
+
+    names = list(session.posargs) or ["tools", *sorted(INSTALLS)]
+    unknown = sorted(set(names) - set(INSTALLS) - {"tools"})
+    if unknown:
+        session.error(f"no session installs packages as {', '.join(unknown)}; known: {', '.join(INSTALLS)}")
+    CONSTRAINTS.mkdir(exist_ok=True)
+    # Resolve against the package index alone, so the lock is the same on every machine.
+    environ = {key: value for key, value in os.environ.items() if key not in ("UV_FIND_LINKS", "UV_CONSTRAINT")}
+    if "tools" in names:
+        names.remove("tools")
+        session.log("lock tools: devtools/tools.txt, every Python from 3.10")
+        done = subprocess.run([find_uv_bin(), "pip", "compile", "--quiet", "--no-header", "--no-annotate",
+                               "--generate-hashes", "--universal", "--python-version", "3.10",
+                               str(ROOT / "devtools" / "tools.in")], capture_output=True, text=True, env=environ,
+                              check=False)
+        if done.returncode != 0:
+            session.error(f"uv pip compile failed for devtools/tools.in:\n{done.stderr}")
+        (ROOT / "devtools" / "tools.txt").write_text(
+            "# The README commands' tools, compiled from devtools/tools.in by `python3 -m nox -s lock -- tools`.\n"
+            + done.stdout)
+    for name in names:
+        inputs = _lock_inputs(name)
+        with tempfile.TemporaryDirectory() as scratch:
+            requirements = pathlib.Path(scratch) / "requirements.in"
+            requirements.write_text("\n".join(inputs.requirements) + "\n")
+            command = [find_uv_bin(), "pip", "compile", "--quiet", "--no-header", "--no-annotate", "--generate-hashes",
+                       "--python-version", inputs.python, "--python-platform", "x86_64-manylinux_2_28",
+                       *(arg for path in inputs.overrides for arg in ("--override", str(ROOT / path))),
+                       str(requirements)]
+            session.log(f"lock {name}: Python {inputs.python}, {len(inputs.requirements)} requirements")
+            done = subprocess.run(command, capture_output=True, text=True, env=environ, check=False)
+        if done.returncode != 0:
+            session.error(f"uv pip compile failed for {name}:\n{done.stderr}")
+        (CONSTRAINTS / f"{name}.txt").write_text(locks.render(name, inputs, done.stdout))
+
+
+@nox.session(python=False)
+def canary(session: nox.Session) -> None:
+    """The CI subset with today's newest nox, uv and dependencies (constraints ignored): drift seen early.
+
+    Runs in a separate .nox-canary folder with its own tool venv, so it never touches CI's
+    environments. Not part of `nox -t ci`; the scheduled workflow .github/workflows/canary.yml runs it.
+    """
+    canary_dir = ROOT / ".nox-canary"
+    tools = canary_dir / "tools"
+    shutil.rmtree(canary_dir / "reports", ignore_errors=True)
+    if not (tools / "bin" / "python").exists():
+        session.run(sys.executable, "-m", "venv", str(tools))
+    session.run(str(tools / "bin" / "python"), "-m", "pip", "install", "-q", "--upgrade", "nox", "uv", "PyYAML")
+    session.run(str(tools / "bin" / "python"), "-m", "nox", "--envdir", str(canary_dir / "envs"),
+                "-t", "ci", env={"PATCHKIT_UNPINNED": "1", "MATRIX_RECORD": "off",
+                                  "PATCHKIT_REPORTS": str(canary_dir / "reports")})

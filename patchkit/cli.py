@@ -71,11 +71,24 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    from .upstream_output import captured, real_stderr
+
     eng = patchkit.engine()
-    with _stdout_to_stderr():
-        patchkit.apply_all()
-        records = eng.status() if args.no_import else eng.import_targets()
+    report = real_stderr()
+    try:
+        # Importing the targets makes upstreams print (warnings, deprecation notices): kept out of the report.
+        with captured(report) as upstream:
+            patchkit.apply_all()
+            records = eng.status() if args.no_import else eng.import_targets()
+    finally:
+        report.close()
     _write(status_json(records) if args.json else status_table(records))
+    if upstream.lines and args.upstream_output:
+        sys.stderr.write(f"--- upstream output while importing the targets ({upstream.lines} lines) ---\n"
+                         f"{upstream.text.rstrip()}\n")
+    elif upstream.lines:
+        sys.stderr.write(f"status: upstreams printed {upstream.lines} line(s) while imported "
+                         "(`patchkit status --upstream-output` shows them)\n")
     return 1 if any(r.state.value == "failed" for r in records) else 0
 
 
@@ -111,6 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("list", help="every patch: targets, ranges, removal plan").set_defaults(run=_list)
     status = commands.add_parser("status", help="apply here, against what is installed, and report")
     status.add_argument("--json", action="store_true", help="machine-readable records")
+    status.add_argument("--upstream-output", action="store_true",
+                        help="after the report, show what upstreams printed while their modules were imported")
     status.add_argument("--no-import", action="store_true",
                         help="do not import target modules: show what waits for an import as pending")
     status.set_defaults(run=_status)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
 from typing import Any
 
+from ..upstream_output import real_stderr
 from . import runner as doctor
 
 _SYMBOLS = {doctor.VERIFIED: "ok", doctor.FAILED: "FAIL", doctor.NOT_APPLICABLE: "--", doctor.NEEDS_GPU: "gpu"}
@@ -22,6 +22,8 @@ def add_parser(commands: Any) -> None:
     parser.add_argument("--device", default="auto", help="auto (CUDA when torch sees a GPU), cpu or cuda")
     parser.add_argument("--timeout", type=float, default=doctor.DEFAULT_TIMEOUT, metavar="SECONDS",
                         help=f"time limit of one self-check (default {doctor.DEFAULT_TIMEOUT:g})")
+    parser.add_argument("--verbose", "-v", "--upstream-output", action="store_true", dest="upstream_output",
+                        help="after the report, show what upstreams printed during import and each check")
     parser.add_argument("--record", metavar="FILE",
                         help="write what was verified as compat-matrix records (merge with `patchkit matrix merge`)")
     parser.set_defaults(run=main, exit_process=exit_process)
@@ -37,15 +39,33 @@ def _table(verdicts: list[doctor.Verdict], facts: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _upstream_output(verdicts: list[doctor.Verdict], facts: dict[str, Any], verbose: bool) -> str:
+    """One line counting what upstreams printed; with ``verbose``, the text itself, per phase."""
+    phases = [("import and apply", facts["upstream_output"])] + [(v.id, v.upstream_output) for v in verdicts]
+    total = sum(len(text.splitlines()) for _, text in phases)
+    if not total:
+        return ""
+    if not verbose:
+        return f"doctor: upstreams printed {total} line(s) during import and the checks (--verbose shows them)\n"
+    shown = [f"--- upstream output during {name} ({len(text.splitlines())} lines) ---\n{text.rstrip()}\n"
+             for name, text in phases if text]
+    return "".join(shown)
+
+
 def main(args: argparse.Namespace) -> int:
-    progress = sys.stderr if sys.stderr.isatty() and not args.json else None
-    # Upstreams print while being imported: keep stdout for the report (see `patchkit status`).
-    with contextlib.redirect_stdout(sys.stderr):
-        verdicts, facts = doctor.run(args.patch, args.device, args.timeout, progress)
+    report = real_stderr()
+    try:
+        progress = report if report.isatty() and not args.json else None
+        verdicts, facts = doctor.run(args.patch, args.device, args.timeout, progress, quiet=report)
+    finally:
+        report.close()
+    upstream = _upstream_output(verdicts, facts, args.upstream_output)
     if args.json:
+        facts = {**facts, "upstream_output_lines": len(facts.pop("upstream_output").splitlines())}
         sys.stdout.write(json.dumps({**facts, "patches": [v.to_dict() for v in verdicts]}, indent=1) + "\n")
+        sys.stderr.write(upstream)
     else:
-        sys.stdout.write(_table(verdicts, facts) + "\n")
+        sys.stdout.write(_table(verdicts, facts) + "\n" + upstream)
     if args.record:
         from .record import write_records
 

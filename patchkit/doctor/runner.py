@@ -34,6 +34,7 @@ from ..runtime.engine import Engine
 from ..runtime.errors import ConfigError, UnknownPatchError
 from ..runtime.status import PatchStatus, Reason, State
 from ..selfcheck import CheckContext, NeedsGPU, SelfCheckFailed
+from ..upstream_output import Captured, captured
 
 logger = logging.getLogger(__name__)
 
@@ -55,12 +56,15 @@ class Verdict(NamedTuple):
     status: PatchStatus
     seconds: float = 0.0
     fingerprints: Mapping[str, Mapping[str, str | None]] = {}
+    #: What upstream code printed while the check ran (captured only when ``run(quiet=...)``).
+    upstream_output: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "verdict": self.verdict, "message": self.message, "seconds": round(self.seconds, 3),
                 "state": self.status.state.value, "reason": self.status.reason.value if self.status.reason else None,
                 "variant": self.status.variant, "versions": dict(self.status.versions),
-                "fingerprints": {target: dict(facts) for target, facts in self.fingerprints.items()}}
+                "fingerprints": {target: dict(facts) for target, facts in self.fingerprints.items()},
+                "upstream_output_lines": len(self.upstream_output.splitlines())}
 
 
 def select(registered: Sequence[Registered], patterns: Sequence[str]) -> list[Registered]:
@@ -221,25 +225,34 @@ def examine(registered: Registered, status: PatchStatus, device: str, timeout: f
 
 
 def run(patterns: Sequence[str] = (), device: str = "auto", timeout: float = DEFAULT_TIMEOUT,
-        progress: IO[str] | None = None, engine: Engine | None = None) -> tuple[list[Verdict], dict[str, Any]]:
+        progress: IO[str] | None = None, engine: Engine | None = None,
+        quiet: IO[str] | None = None) -> tuple[list[Verdict], dict[str, Any]]:
     """Apply, then check every selected patch. Returns the verdicts and the run's facts.
 
     ``engine`` defaults to the process-wide one, applied as ``patchkit.apply_all()`` applies it
     (``PATCHKIT_EXTRA_PATCHES`` included). Selected opt-in patches are applied too, and the targets of
     every selected patch imported, so that what is checked is what a job enabling them would run.
+
+    With ``quiet`` (a stream for patchkit's own warnings), what upstreams print while they are
+    imported and while each check runs is captured (:mod:`patchkit.upstream_output`): each verdict carries its check's,
+    the facts carry the import phase's (``upstream_output``).
     """
     import patchkit
 
+    def capturing() -> contextlib.AbstractContextManager[Captured]:
+        return captured(quiet) if quiet is not None else contextlib.nullcontext(Captured())
+
     started = time.perf_counter()
-    if engine is None:
-        patchkit.apply_all()
-        engine = patchkit.engine()
-    else:
-        engine.apply_all()
-    selected = select([Registered(engine.patch(i), engine.package(i)) for i in engine.ids()], patterns)
-    device = resolve_device(device)
-    if selected:
-        engine.apply(*(r.patch.id for r in selected), import_targets=True)
+    with capturing() as during_apply:
+        if engine is None:
+            patchkit.apply_all()
+            engine = patchkit.engine()
+        else:
+            engine.apply_all()
+        selected = select([Registered(engine.patch(i), engine.package(i)) for i in engine.ids()], patterns)
+        device = resolve_device(device)
+        if selected:
+            engine.apply(*(r.patch.id for r in selected), import_targets=True)
     statuses = {s.id: s for s in engine.status()}
     import_seconds = time.perf_counter() - started
     verdicts = []
@@ -247,14 +260,16 @@ def run(patterns: Sequence[str] = (), device: str = "auto", timeout: float = DEF
         if progress is not None:
             progress.write(f"doctor: {registered.patch.id} ...")
             progress.flush()
-        verdict = examine(registered, statuses[registered.patch.id], device, timeout, engine.matrix)
+        with capturing() as during_check:
+            verdict = examine(registered, statuses[registered.patch.id], device, timeout, engine.matrix)
+        verdict = verdict._replace(upstream_output=during_check.text)
         verdicts.append(verdict)
         if progress is not None:
             progress.write(f"\rdoctor: {registered.patch.id}: {verdict.verdict} ({verdict.seconds:.1f} s)\n")
             progress.flush()
     facts = {"device": device, "python": sys.version.split()[0], "patchkit": patchkit.__version__,
              "import_and_apply_seconds": round(import_seconds, 3),
-             "total_seconds": round(time.perf_counter() - started, 3)}
+             "total_seconds": round(time.perf_counter() - started, 3), "upstream_output": during_apply.text}
     return verdicts, facts
 
 

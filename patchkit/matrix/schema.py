@@ -314,10 +314,21 @@ def compose(text: str, path: str = "compat_matrix.yaml", max_depth: int = MAX_DE
 
     Nesting deeper than ``max_depth`` is refused at the event that opens it, before anything that
     deep is composed. YAML errors become ``MatrixError`` with the file, line and column.
+
+    libyaml (PyYAML's C loader) has limits of its own that it may meet first: PyYAML 6.0.4 stops at
+    1,000 nested flow collections while *scanning ahead*, before the first event reaches the depth
+    check. So an error from the C loader is not reported as it is: the text is composed again with
+    PyYAML's pure-Python loader, which reads event by event, and the error the user gets (patchkit's
+    depth limit, or a syntax error with its position) does not depend on how PyYAML was built.
     """
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(text)
+    fast = getattr(yaml, "CSafeLoader", None)
+    if fast is not None:
+        try:
+            return _compose_with(fast, text, path, max_depth)
+        except yaml.YAMLError:
+            pass
     try:
-        return _compose_events(loader, path, max_depth)
+        return _compose_with(yaml.SafeLoader, text, path, max_depth)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         position = Position(path, mark.line + 1, mark.column + 1) if mark else Position(path, 1, 1)
@@ -327,6 +338,14 @@ def compose(text: str, path: str = "compat_matrix.yaml", max_depth: int = MAX_DE
         position = Position(path, before.count("\n") + 1, len(before) - before.rfind("\n"))
         raise MatrixError(path, [Problem(position, "the file", "printable characters",
                                          f"character {exc.character!r}")]) from None
+    except yaml.YAMLError as exc:  # an error without a position
+        raise MatrixError(path, [Problem(Position(path, 1, 1), "YAML syntax", "well-formed YAML", str(exc))]) from None
+
+
+def _compose_with(loader_class: Any, text: str, path: str, max_depth: int) -> yaml.Node | None:
+    loader = loader_class(text)
+    try:
+        return _compose_events(loader, path, max_depth)
     finally:
         loader.dispose()
 

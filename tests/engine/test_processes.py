@@ -157,9 +157,11 @@ def test_cli_status_and_explain_see_extra_patches_and_stdout_stays_clean_at_the_
     up, env = extra
     result = cli(env, "status", "--json", PATCHKIT_EXTRA_PATCHES=f"{up.package}.decl")
     assert result.returncode == 0, result.stderr
-    records = {r["id"]: r for r in json.loads(result.stdout)}  # parseable: the chatter went to stderr
+    records = {r["id"]: r for r in json.loads(result.stdout)}  # parseable: the chatter was captured
     assert records["extra.forward"]["state"] == "applied"
-    assert "upstream chatter on fd 1" in result.stderr
+    assert "upstream chatter on fd 1" not in result.stderr and "upstreams printed 1 line(s)" in result.stderr
+    shown = cli(env, "status", "--json", "--upstream-output", PATCHKIT_EXTRA_PATCHES=f"{up.package}.decl")
+    assert json.loads(shown.stdout) and "upstream chatter on fd 1" in shown.stderr
     explained = cli(env, "explain", "extra.forward", PATCHKIT_EXTRA_PATCHES=f"{up.package}.decl")
     assert explained.returncode == 0, explained.stderr
     assert "extra.forward" in explained.stdout and "in this interpreter: pending" in explained.stdout
@@ -202,6 +204,10 @@ def test_status_json_stdout_is_clean_when_an_import_writes_to_fd_1(monkeypatch, 
 
     monkeypatch.setattr(patchkit.Engine, "import_targets", chatty_import_targets)
     assert main(["status", "--json"]) in (0, 1)
+    out, err = capfd.readouterr()
+    assert isinstance(json.loads(out), list)
+    assert "upstream chatter" not in err and "upstreams printed 2 line(s)" in err
+    assert main(["status", "--json", "--upstream-output"]) in (0, 1)
     out, err = capfd.readouterr()
     assert isinstance(json.loads(out), list)
     assert "upstream chatter on fd 1" in err and "upstream chatter through sys.stdout" in err

@@ -128,3 +128,26 @@ def test_strict_mode_gets_a_matrix_error_from_a_malformed_matrix(tmp_path: Path,
     with pytest.raises(MatrixError, match="schema"):
         engine.apply_all(strict=True)
     engine.revert_all()
+
+
+@pytest.mark.parametrize("c_loader", ["refuses at its own limit", "absent"])
+def test_the_depth_error_is_patchkits_whatever_pyyamls_c_loader_does(tmp_path: Path, monkeypatch, c_loader) -> None:
+    # PyYAML 6.0.4's libyaml stops at 1,000 nested flow collections with its own ScannerError, found
+    # while scanning ahead; a PyYAML built without libyaml has no CSafeLoader at all.
+    import yaml
+
+    from patchkit.matrix import MatrixError, load
+
+    class LimitedLoader(yaml.SafeLoader):
+        def check_event(self, *choices):
+            raise yaml.scanner.ScannerError("while increasing flow level", None, "exceeded maximum nesting depth",
+                                            yaml.Mark("x", 0, 0, 1000, None, None))
+
+    if c_loader == "absent":
+        monkeypatch.delattr(yaml, "CSafeLoader", raising=False)
+    else:
+        monkeypatch.setattr(yaml, "CSafeLoader", LimitedLoader, raising=False)
+    path = tmp_path / "deep.yaml"
+    path.write_text("[" * 50_000 + "]" * 50_000 + "\n")
+    with pytest.raises(MatrixError, match=r":1:65: the file: expected at most 64 nested"):
+        load(path)
