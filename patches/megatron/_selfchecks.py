@@ -69,6 +69,14 @@ def check_mtp_postprocess(context: CheckContext) -> None:
         moved = sorted(n for n, g in mtp_grads.items() if g is not None and bool(g.abs().sum() > 0))
         expect(bool(moved), "the MTP layers get gradient from the attached MTP loss",
                f"nonzero gradient in {len(mtp_grads)} MTP parameters", "none")
+        from ._mtp_options import default_options
+
+        if not default_options().derive_labels:  # without_labels="skip", the default
+            model.zero_grad(set_to_none=True)
+            _forward(model, make_batch().to(context.device), labels=False).float().sum().backward()
+            touched = sorted(n for n, p in model.named_parameters() if n.startswith("mtp.") and p.grad is not None)
+            expect(not touched, "a forward without labels runs no MTP layer (MTP parameters with gradient)",
+                   [], touched)
 
 
 def check_mtp_detach_inputs(context: CheckContext) -> None:
