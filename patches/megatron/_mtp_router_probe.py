@@ -78,7 +78,8 @@ def tracked_values() -> dict[str, torch.Tensor]:
         return {name: entry.values.detach().cpu().clone() for name, entry in new_style._metrics.items()}
     from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
 
-    return {name: entry["values"].detach().cpu().clone() for name, entry in get_moe_layer_wise_logging_tracker().items()}
+    tracker = get_moe_layer_wise_logging_tracker()
+    return {name: entry["values"].detach().cpu().clone() for name, entry in tracker.items()}
 
 
 def logged_layer_losses(model: Any, batch: Any) -> dict[str, torch.Tensor]:

@@ -43,7 +43,7 @@ def main() -> None:
             }
         finally:
             destroy_parallel_state()
-    for (depths, per_token), losses in cases.items():
+    for (depths, _), losses in cases.items():
         assert len(losses) == depths, f"{depths} depths attached {len(losses)} losses"
     write_fixture({"megatron_core": mcore, "torch": version("torch")}, inputs, cases)
     logger.info("wrote %d cases from megatron-core %s", len(cases), mcore)

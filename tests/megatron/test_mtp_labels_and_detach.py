@@ -146,7 +146,9 @@ def _mtp_only_gradients(model: Any, batch: Batch, *patch_ids: str) -> dict[str, 
     model.zero_grad(set_to_none=True)
     with patchkit.applied(*patch_ids):
         (run(model, batch) * 0.0).sum().backward()
-    return {n: (torch.zeros_like(p) if p.grad is None else p.grad.detach().clone()) for n, p in model.named_parameters()}
+    return {
+        n: (torch.zeros_like(p) if p.grad is None else p.grad.detach().clone()) for n, p in model.named_parameters()
+    }
 
 
 @pytest.mark.parametrize("mtp_num_layers", [2, 3])

@@ -20,9 +20,6 @@ from typing import Any
 import pytest
 import torch
 from packaging.version import Version
-from replay_models import build_tiny_moe, causal_batch, forward_loss
-
-import patchkit
 from patchkit.patches.megatron._mtp_router_probe import (
     AUX_LOSS_CONFIG,
     empty_tracker,
@@ -30,6 +27,9 @@ from patchkit.patches.megatron._mtp_router_probe import (
     logged_layer_losses,
     replay_layer_numbers,
 )
+from replay_models import build_tiny_moe, causal_batch, forward_loss
+
+import patchkit
 
 MCORE = Version(version("megatron-core"))
 PATCH = "megatron.mtp_router_slots"
@@ -105,9 +105,10 @@ def test_forced_tracker_keeps_entries_routers_already_made(moe_replay: dict) -> 
         from megatron.core.transformer.moe import moe_utils
 
         total: dict[str, torch.Tensor] = {}
-        moe_utils.track_moe_metrics(loss_scale=1.0, iteration=1, writer=None, total_loss_dict=total, force_initialize=True,
-                                    track_names=["load_balancing_loss"], num_layers=NUM_LAYERS, moe_layer_freq=1,
-                                    mtp_num_layers=1)
+        moe_utils.track_moe_metrics(
+            loss_scale=1.0, iteration=1, writer=None, total_loss_dict=total, force_initialize=True,
+            track_names=["load_balancing_loss"], num_layers=NUM_LAYERS, moe_layer_freq=1, mtp_num_layers=1,
+        )
     torch.testing.assert_close(total["load_balancing_loss"], before["load_balancing_loss"].sum() / 3, atol=1e-6, rtol=0)
 
 
