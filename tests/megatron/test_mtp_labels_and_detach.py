@@ -186,3 +186,15 @@ def test_detach_inputs_gradients_equal_upstream_mtp_detach_heads(
     assert ours.keys() == upstream.keys()
     for name, grad in upstream.items():
         torch.testing.assert_close(ours[name], grad, atol=ATOL, rtol=0, msg=name)
+
+
+@pytest.mark.skipif(MCORE < Version("0.19"), reason="mtp_use_repeated_layer is megatron-core 0.19+")
+def test_detach_inputs_with_one_mtp_layer_repeated_over_depths(tiny_gpt: Callable[..., Any], batch: Batch) -> None:
+    # One layer object serves both depths: the depth is read from the ids, not from the layer.
+    model = tiny_gpt(mtp_num_layers=2, mtp_use_repeated_layer=True)
+    assert len(model.mtp.layers) == 1
+    attached = _mtp_only_gradients(model, batch, "megatron.mtp_postprocess")
+    detached = _mtp_only_gradients(model, batch, "megatron.mtp_postprocess", "megatron.mtp_detach_inputs")
+    for name in mtp_parameters(model):
+        torch.testing.assert_close(detached[name], attached[name], atol=ATOL, rtol=0, msg=name)
+    assert float(detached["embedding.word_embeddings.weight"].abs().sum()) == 0
