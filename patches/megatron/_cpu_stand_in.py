@@ -32,6 +32,9 @@ neither is used.
   for its device-to-host copies in ``__init__`` and enters it in ``_maybe_dtoh_and_synchronize``; on
   CPU those copies are plain tensor moves and need no stream. The class-level ``cuda_dtoh_stream`` it caches is
   restored on exit, so no dummy outlives the block.
+- ``moe_utils.torch`` reads through to ``torch`` except that ``zeros(..., device=...)`` allocates on
+  the CPU: 0.14-0.16's ``track_moe_metrics(force_initialize=True)`` creates its tracker entries with
+  ``device="cuda"`` (a literal, not the current device). Every other ``torch`` name is torch's own.
 - ``moe_utils.te_general_gemm`` is set to ``None``: ``RouterGatingLinearFunction`` reads this
   module global, which megatron-core defines only when TransformerEngine imports (0.15 raises
   ``NameError`` without it, 0.16.1 calls into TE); ``None`` selects upstream's own torch matmul path.
@@ -154,6 +157,17 @@ class _Stream:
         return 0
 
 
+class _TorchWithCpuZeros:
+    """``torch`` for ``moe_utils``, with ``zeros`` allocating on the CPU whatever device is named."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch, name)
+
+    @staticmethod
+    def zeros(*args: Any, device: Any = None, **kwargs: Any) -> torch.Tensor:
+        return torch.zeros(*args, **kwargs)
+
+
 @contextlib.contextmanager
 def cpu_moe() -> Iterator[None]:
     """Apply the MoE redirections above; use inside :func:`cpu_megatron`."""
@@ -165,6 +179,7 @@ def cpu_moe() -> Iterator[None]:
         stack.enter_context(mock.patch.object(torch.cuda, "Stream", lambda *a, **k: stream))
         stack.enter_context(mock.patch.object(torch.cuda, "current_stream", lambda *a, **k: stream))
         stack.enter_context(mock.patch.object(torch.cuda, "stream", lambda s: contextlib.nullcontext()))
+        stack.enter_context(mock.patch.object(moe_utils, "torch", _TorchWithCpuZeros()))
         stack.enter_context(mock.patch.object(moe_utils, "te_general_gemm", None, create=True))
         stack.enter_context(
             mock.patch.object(MoEAlltoAllTokenDispatcher, "cuda_dtoh_stream", None)

@@ -8,6 +8,8 @@
   ``GPTModel`` builds its output layer with ``bias=False``, but a model that swaps in its own head
   may have one. ``ColumnParallelLinear`` sees a weight that does not require grad and takes its
   frozen-weight path, so no weight-gradient buffer is touched.
+- :func:`labels_from_input_ids`: megatron-core 0.19's MTP labels for a forward without labels
+  (``without_labels="derive"``), for the releases that do not derive them.
 - :func:`mtp_cp_group`: dynamic context parallelism hands the batch's CP group in
   ``packed_seq_params.cp_group`` (megatron-core 0.16+); the MTP label/mask roll must use that
   group, not the model's static one, or it exchanges boundary tokens with the wrong ranks.
@@ -15,7 +17,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor
@@ -63,3 +65,20 @@ def safe_token_count(num_tokens: Tensor) -> Tensor:
     No host sync: the clamp stays on the device.
     """
     return num_tokens.clamp(min=1)
+
+
+def labels_from_input_ids(
+    input_ids: Tensor, loss_mask: Optional[Tensor], roll: Callable[[Tensor], tuple[Tensor, Tensor]]
+) -> tuple[Tensor, Tensor]:
+    """Labels and loss mask for the MTP loss of a forward given no labels, as megatron-core 0.19 makes them.
+
+    From 0.19's ``process_mtp_loss``: the labels are ``input_ids`` rolled left once (``label[i] =
+    input_id[i + 1]``; ``roll`` is the release's ``roll_tensor`` with its CP group / packed
+    sequences bound), and the loss mask (all ones when None) is rolled in lockstep, so the last
+    position of each sequence, whose rolled-in label is fabricated, carries no loss.
+    """
+    labels, _ = roll(input_ids)
+    if loss_mask is None:
+        loss_mask = torch.ones_like(labels)
+    loss_mask, _ = roll(loss_mask)
+    return labels, loss_mask

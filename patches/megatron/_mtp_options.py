@@ -1,6 +1,6 @@
 """What the MTP patches do for one model: the options, their process default, and per-model marks.
 
-Frameworks disagree on one point, so it is an option with a default rather than a silent choice:
+Frameworks disagree on two points, so each is an option with a default rather than a silent choice:
 
 - ``output_head``: whether the MTP loss trains the output layer (lm_head) the main head shares.
   ``"detached"`` (default; verl #6432 and slime detach it for RL, so the auxiliary MTP loss never
@@ -8,10 +8,18 @@ Frameworks disagree on one point, so it is an option with a default rather than 
   bias if any, a shared embedding weight) cut from the graph; the logits' values are unchanged.
   ``"trained"`` is upstream Megatron's behaviour (and NeMo-RL's): the MTP loss back-propagates into
   the output layer too.
+- ``without_labels``: what a forward without ``labels`` does with the MTP block. ``"skip"``
+  (default; verl's ``_postprocess`` patch and ROLL's run the MTP block only when labels are given,
+  and megatron-core 0.14-0.18 compute no MTP loss without them) returns the main-head logits and
+  runs no MTP layer: a reference model's or a rollout's log-prob pass neither pays for MTP nor
+  attaches an MTP loss that would move the gradients if the pass were differentiated. ``"derive"`` is megatron-core
+  0.19's behaviour (and so NeMo-RL's, which runs 0.19 unpatched): the MTP labels are the input ids
+  rolled left by one, the loss mask rolled alike, and every depth's MTP loss is attached as with
+  labels; the patch does the same on 0.14-0.18.
 
-The process default comes from ``PATCHKIT_MTP_OUTPUT_HEAD`` (read once, on first use, so every
-process of a job agrees without code) or :func:`configure`; a model marked by
-``mtp_api.enable``/``disable`` carries its own options and ignores the default.
+The process defaults come from ``PATCHKIT_MTP_OUTPUT_HEAD`` and ``PATCHKIT_MTP_WITHOUT_LABELS``
+(read once, on first use, so every process of a job agrees without code) or :func:`configure`; a
+model marked by ``mtp_api.enable``/``disable`` carries its own options and ignores the default.
 
 This module imports neither torch nor megatron.
 """
@@ -23,6 +31,8 @@ from typing import Any, NamedTuple
 
 OUTPUT_HEAD_ENV = "PATCHKIT_MTP_OUTPUT_HEAD"
 OUTPUT_HEAD_CHOICES = ("detached", "trained")
+WITHOUT_LABELS_ENV = "PATCHKIT_MTP_WITHOUT_LABELS"
+WITHOUT_LABELS_CHOICES = ("skip", "derive")
 #: Attribute a model instance (GPTModel) carries once marked per model.
 MODEL_MARK = "_patchkit_mtp_options"
 #: Attribute an MTP layer instance carries once marked per model (its input detach choice).
@@ -37,15 +47,21 @@ class MTPOptions(NamedTuple):
     """How the MTP postprocess patch treats one model.
 
     ``enabled`` False means upstream's behaviour for this model even where the process-wide patch
-    is applied (a frozen reference model). ``output_head`` as in the module docstring.
+    is applied (a frozen reference model). ``output_head`` and ``without_labels`` as in the module
+    docstring.
     """
 
     enabled: bool = True
     output_head: str = "detached"
+    without_labels: str = "skip"
 
     @property
     def detach_output_head(self) -> bool:
         return self.output_head == "detached"
+
+    @property
+    def derive_labels(self) -> bool:
+        return self.without_labels == "derive"
 
 
 def check_output_head(value: str, source: str) -> str:
@@ -57,24 +73,47 @@ def check_output_head(value: str, source: str) -> str:
     return value
 
 
+def check_without_labels(value: str, source: str) -> str:
+    if value not in WITHOUT_LABELS_CHOICES:
+        raise MTPOptionError(
+            f"{source}: without_labels must be one of {', '.join(WITHOUT_LABELS_CHOICES)}; got {value!r}. "
+            "'skip' runs no MTP without labels (default), 'derive' is megatron-core 0.19's (labels from input_ids)."
+        )
+    return value
+
+
 _default: MTPOptions | None = None
 
 
 def default_options() -> MTPOptions:
-    """The process default, from ``PATCHKIT_MTP_OUTPUT_HEAD`` on first use unless configured."""
+    """The process default, from the environment on first use unless configured.
+
+    Both variables are checked before either is used, so a bad value sets no default.
+    """
     global _default
     if _default is None:
-        raw = os.environ.get(OUTPUT_HEAD_ENV, "").strip().lower() or "detached"
-        _default = MTPOptions(output_head=check_output_head(raw, OUTPUT_HEAD_ENV))
+        head = os.environ.get(OUTPUT_HEAD_ENV, "").strip().lower() or "detached"
+        without_labels = os.environ.get(WITHOUT_LABELS_ENV, "").strip().lower() or "skip"
+        _default = MTPOptions(
+            output_head=check_output_head(head, OUTPUT_HEAD_ENV),
+            without_labels=check_without_labels(without_labels, WITHOUT_LABELS_ENV),
+        )
     return _default
 
 
-def configure(*, output_head: str | None = None) -> MTPOptions:
-    """Set the process default (what a model not marked per model gets); returns the new default."""
+def configure(*, output_head: str | None = None, without_labels: str | None = None) -> MTPOptions:
+    """Set the process default (what a model not marked per model gets); returns the new default.
+
+    Every value is checked before the default changes: a bad one leaves it as it was.
+    """
     global _default
     current = default_options()
     if output_head is not None:
         current = current._replace(output_head=check_output_head(output_head, "configure(output_head=...)"))
+    if without_labels is not None:
+        current = current._replace(
+            without_labels=check_without_labels(without_labels, "configure(without_labels=...)")
+        )
     _default = current
     return current
 

@@ -11,9 +11,12 @@ upstream's) and returns the main-head logits ``[b, s, v]`` instead of the LM los
   (``_mtp_options``; 0.19's ``mtp_detach_heads`` still works on top: it detaches what it detaches);
 - the CP group, ``packed_seq_params.cp_group`` when dynamic CP sets one, else the model's.
 
-``labels=None``: 0.17-0.18 compute no MTP loss without labels, so the MTP block is skipped and
-the logits returned (upstream runs the block for nothing); 0.19+ derive MTP labels from
-``input_ids`` (upstream's RL path), which is kept, with the options above applied.
+``labels=None`` (``_mtp_options``'s ``without_labels``): by default the MTP block is skipped
+and the main-head logits returned on every release (0.17-0.18 run the block and compute no loss;
+0.19 derives MTP labels from ``input_ids`` and attaches every depth's loss, which a reference
+model's log-prob pass pays for and, differentiated, gets other gradients from). With
+``"derive"`` the labels are derived as 0.19 derives them: by 0.19's own ``process_mtp_loss``
+there, by the same roll before ``process_mtp_loss`` on 0.17-0.18.
 
 Every other call (inference or speculative decoding, a pipeline stage without the output layer,
 no MTP, a caller's ``output_processor``, a model marked disabled, a positional caller) goes to the
@@ -24,14 +27,14 @@ original unchanged. 0.17's ``_postprocess`` takes ``is_spec_decode``; 0.18+ take
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
-from megatron.core.transformer.multi_token_prediction import process_mtp_loss
+from megatron.core.transformer.multi_token_prediction import process_mtp_loss, roll_tensor
 
 from patchkit.runtime.probing import accepts_parameter, get_field
 
-from ._mtp_loss_parts import mtp_cp_group, mtp_output_layer
+from ._mtp_loss_parts import labels_from_input_ids, mtp_cp_group, mtp_output_layer
 from ._mtp_options import options_for
 from ._mtp_postprocess_logits import main_head_logits
 
@@ -79,9 +82,22 @@ def _run_mtp_block(model: Any, kwargs: dict[str, Any]) -> torch.Tensor:
     )
 
 
+def _labels_and_mask(kwargs: dict[str, Any], cp_group: Any) -> tuple[Any, Optional[torch.Tensor]]:
+    """The caller's labels and loss mask; derived from ``input_ids`` where this release does not."""
+    labels, loss_mask = kwargs.get("labels"), kwargs.get("loss_mask")
+    if labels is not None or _DERIVES_LABELS:
+        return labels, loss_mask
+    roll_left = functools.partial(
+        roll_tensor, shifts=-1, dims=-1, cp_group=cp_group, packed_seq_params=kwargs.get("packed_seq_params")
+    )
+    return labels_from_input_ids(kwargs["input_ids"], loss_mask, roll_left)
+
+
 def _attach_mtp_losses(model: Any, hidden_states: torch.Tensor, kwargs: dict[str, Any],
                        output_weight: Any) -> torch.Tensor:
     packed_seq_params = kwargs.get("packed_seq_params")
+    cp_group = mtp_cp_group(packed_seq_params, model.pg_collection.cp)
+    labels, loss_mask = _labels_and_mask(kwargs, cp_group)
     optional: dict[str, Any] = {}
     if _TAKES_TP_GROUP:
         optional["tp_group"] = model.tp_group
@@ -89,15 +105,15 @@ def _attach_mtp_losses(model: Any, hidden_states: torch.Tensor, kwargs: dict[str
         optional["input_ids"] = kwargs.get("input_ids")
     return process_mtp_loss(
         hidden_states=hidden_states,
-        labels=kwargs.get("labels"),
-        loss_mask=kwargs.get("loss_mask"),
+        labels=labels,
+        loss_mask=loss_mask,
         output_layer=mtp_output_layer(model, options_for(model).detach_output_head),
         output_weight=output_weight,
         runtime_gather_output=kwargs.get("runtime_gather_output"),
         is_training=model.training,
         compute_language_model_loss=model.compute_language_model_loss,
         config=model.config,
-        cp_group=mtp_cp_group(packed_seq_params, model.pg_collection.cp),
+        cp_group=cp_group,
         packed_seq_params=packed_seq_params,
         scale_logits_fn=model._scale_logits if model.config.use_mup else None,
         **optional,
@@ -116,8 +132,8 @@ def wrap_postprocess(original: Callable[..., Any]) -> Callable[..., Any]:
         output_weight = None
         if self.share_embeddings_and_output_weights:
             output_weight = self.shared_embedding_or_output_weight()
-        if kwargs.get("labels") is None and not _DERIVES_LABELS:
-            # No labels and no way to derive them: no MTP loss to compute, so no MTP block to run.
+        if kwargs.get("labels") is None and not options_for(self).derive_labels:
+            # A log-prob pass (reference model, rollout scoring): no MTP loss, so no MTP block to run.
             if not kwargs.get("mtp_in_postprocess"):
                 hidden_states = torch.chunk(hidden_states, 1 + self.config.mtp_num_layers, dim=0)[0]
         else:

@@ -33,6 +33,7 @@ from ._mtp_options import (
     MTPOptionError,
     MTPOptions,
     check_output_head,
+    check_without_labels,
     configure,
     default_options,
     options_for,
@@ -94,21 +95,35 @@ def _bind(instance: Any, method: str, factory: Any) -> None:
     setattr(instance, method, types.MethodType(factory(unbound), instance))
 
 
-def enable(model: Any, *, output_head: str | None = None, detach_inputs: bool = False) -> list[Any]:
+def enable(
+    model: Any,
+    *,
+    output_head: str | None = None,
+    without_labels: str | None = None,
+    detach_inputs: bool = False,
+) -> list[Any]:
     """Give ``model`` (and only it) the MTP postprocess behaviour, with its own options.
 
-    ``output_head``: ``"detached"`` or ``"trained"`` (see ``_mtp_options``); default: the process
-    default. ``detach_inputs``: also detach the MTP layers' inputs (``megatron.mtp_detach_inputs``
-    for this model only). Calling it again replaces the options; the methods are bound once.
+    ``output_head``: ``"detached"`` or ``"trained"``; ``without_labels``: ``"skip"`` or
+    ``"derive"`` (see ``_mtp_options``); each defaults to the process default. ``detach_inputs``:
+    also detach the MTP layers' inputs (``megatron.mtp_detach_inputs`` for this model only).
+    Calling it again replaces the options; the methods are bound once. Every option is checked
+    before any model changes.
     """
-    head = check_output_head(output_head, "enable(output_head=...)") if output_head else default_options().output_head
+    defaults = default_options()
+    head = check_output_head(output_head, "enable(output_head=...)") if output_head else defaults.output_head
+    no_labels = (
+        check_without_labels(without_labels, "enable(without_labels=...)")
+        if without_labels
+        else defaults.without_labels
+    )
     models = _gpt_models(model)
     postprocess = _factory(_POSTPROCESS_PATCH)
     detach = _factory(_DETACH_PATCH) if detach_inputs else None
     for gpt in models:
         if not isinstance(getattr(gpt, MODEL_MARK, None), MTPOptions) or "_postprocess" not in vars(gpt):
             _bind(gpt, "_postprocess", postprocess)
-        setattr(gpt, MODEL_MARK, MTPOptions(enabled=True, output_head=head))
+        setattr(gpt, MODEL_MARK, MTPOptions(enabled=True, output_head=head, without_labels=no_labels))
         for layer in _mtp_layers(gpt):
             if detach is not None and "_get_embeddings" not in vars(layer):
                 _bind(layer, "_get_embeddings", detach)

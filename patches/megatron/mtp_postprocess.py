@@ -22,13 +22,16 @@ PATCHES = (
             "GPTModel forward with labels and MTP returns main-head logits [b, s, v]; every MTP "
             "depth's loss is still attached through MTPLossAutoScaler, so MTP layers train. By default "
             "the MTP loss leaves the shared output head alone (PATCHKIT_MTP_OUTPUT_HEAD=trained for "
-            "upstream's); labels=None returns logits; per-model via mtp_api.enable."
+            "upstream's); labels=None returns logits and runs no MTP on every release "
+            "(PATCHKIT_MTP_WITHOUT_LABELS=derive for 0.19's labels from input_ids); per-model via mtp_api.enable."
         ),
         why=(
             "RL trainers compute log-probs and the policy loss from logits themselves; upstream "
             "returns only the LM loss when labels are given, and computes the MTP loss only on "
             "that path. Upstream 0.14-0.16 also divide by a zero token count (NaN gradients on a fully "
-            "masked CP rank) and raise on labels=None with MTP. Without MTP the call is upstream's."
+            "masked CP rank), raise on labels=None with MTP and weigh per-token MTP losses unlike 0.17+ "
+            "(no rescale by the tokens rolled off); 0.19 attaches MTP losses to a forward without labels "
+            "(a reference model's log-prob pass). Without MTP the call is upstream's."
         ),
         upstream="https://github.com/NVIDIA/Megatron-LM/blob/core_r0.19.0/megatron/core/models/gpt/gpt_model.py",
         removal=(
@@ -56,14 +59,15 @@ PATCHES = (
         id="megatron.mtp_detach_inputs",
         self_check="._selfchecks:check_mtp_detach_inputs",
         summary=(
-            "Detach the MTP layers' inputs (embeddings and incoming hidden states) so the MTP "
-            "loss sends no gradient into the main model's embedding and decoder."
+            "Detach the MTP block's inputs from the main model (every depth's token embeddings, the "
+            "first depth's hidden states) so the MTP loss sends no gradient into the embedding and "
+            "decoder; later depths still train earlier MTP layers, as 0.19's mtp_detach_heads does."
         ),
         why=(
             "Keeps an auxiliary MTP head (e.g. a speculative-decoding draft) trainable without "
             "letting its loss move the policy. Upstream has no such switch before 0.19; 0.19's "
-            "mtp_detach_heads differs (it also freezes the output head for MTP, detaches only the "
-            "first depth's hidden states, and tags MTP parameters for separate clipping)."
+            "mtp_detach_heads cuts the same inputs but also freezes the output head for MTP and tags "
+            "MTP parameters for separate clipping."
         ),
         upstream="https://github.com/NVIDIA/Megatron-LM/blob/core_r0.19.0/megatron/core/transformer/multi_token_prediction.py",
         removal="Remove when callers can use upstream's mtp_detach_heads (0.19+) and accept its semantics.",

@@ -223,6 +223,12 @@ RECORDS = {
             )),
         ),
     },
+    'megatron.mtp_router_slots': {
+        'native-0.17': (
+            ((('megatron-core', '0.17.1'),), 'native', (
+            )),
+        ),
+    },
     'megatron.router_replay': {
         "megatron-core>=0.14,<0.16: backport of 0.16's replay onto TopKRouter": (
             ((('megatron-core', '0.14.0'),), 'verified', (

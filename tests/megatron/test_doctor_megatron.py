@@ -167,3 +167,42 @@ def test_alltoall_token_count_check_fails_with_upstreams_static_count(applied_re
     assert ("found RuntimeError" in verdict.message
             or "num_out_tokens under a replay that repeats an expert" in verdict.message and "[64, 64]"
             in verdict.message), verdict.message
+
+
+# --- MTP routers ---
+
+ROUTER_SLOTS = "megatron.mtp_router_slots"
+
+
+@pytest.fixture
+def applied_router_slots():
+    with patchkit.applied(*REPLAY, ROUTER_SLOTS) as statuses:
+        yield {s.id: s for s in statuses}
+
+
+def test_mtp_router_slots_check_is_verified(applied_router_slots):
+    (verdict,) = run([ROUTER_SLOTS], device="cpu")[0]
+    assert verdict.verdict == VERIFIED, verdict.message
+
+
+@pytest.mark.breaks(ROUTER_SLOTS)
+def test_mtp_router_slots_check_fails_with_upstreams_numbering(applied_router_slots, monkeypatch):
+    """Patched releases: the patch bypassed. Native (0.17-0.18): forced entries sized as 0.16 sizes them."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if applied_router_slots[ROUTER_SLOTS].reason is Reason.NATIVE:
+        original = moe_utils.track_moe_metrics
+
+        def decoder_only(*args, mtp_num_layers=None, **kwargs):
+            return original(*args, mtp_num_layers=None, **kwargs)
+
+        monkeypatch.setattr(moe_utils, "track_moe_metrics", decoder_only)
+        (verdict,) = run([ROUTER_SLOTS], device="cpu")[0]
+    else:
+        with upstream_behaviour(ROUTER_SLOTS):
+            (verdict,) = run([ROUTER_SLOTS], device="cpu")[0]
+    assert verdict.verdict == FAILED
+    # 0.14-0.15: MTP slots empty; 0.16: forced entries sized 2; 0.19: replay numbers [1, 2].
+    assert ("empty slots: expected [], found [3, 4]" in verdict.message
+            or "sizes entries for the decoder and the MTP layers: expected 4, found" in verdict.message
+            or "numbered after the decoder's layers: expected [3, 4], found [1, 2]" in verdict.message), verdict.message
