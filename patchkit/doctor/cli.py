@@ -38,6 +38,10 @@ def _table(verdicts: list[doctor.Verdict], facts: dict[str, Any]) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.record:
+        from .record import check_writable
+
+        check_writable(args.record)  # bad input: exit 2 now, not after every check has run
     progress = sys.stderr if sys.stderr.isatty() and not args.json else None
     # Upstreams print while being imported: keep stdout for the report (see `patchkit status`).
     with contextlib.redirect_stdout(sys.stderr):
