@@ -43,6 +43,8 @@ import torch
 
 from . import _refit_plain, _refit_writes
 from ._refit_loaders import counting_loader, get_loader, set_loader
+from ._refit_session import claimed
+from ._refit_signals import SignalWindow
 from ._refit_state import (
     STATE_ATTR,
     KernelTensors,
@@ -55,8 +57,6 @@ from ._refit_state import (
     restore_method_state,
     shape_text,
 )
-from ._refit_session import claimed
-from ._refit_signals import SignalWindow
 from .refit import RefitError, RefitInProgressError
 
 logger = logging.getLogger(__name__)

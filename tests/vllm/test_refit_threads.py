@@ -78,15 +78,18 @@ def test_another_thread_cannot_prepare_or_abort_a_refit_in_progress(nvfp4_refit_
         for _ in range(5):
             loading = threading.Event()
 
-            def stream() -> Iterator[tuple[str, torch.Tensor]]:
+            def stream(loading: threading.Event = loading) -> Iterator[tuple[str, torch.Tensor]]:
                 for i, item in enumerate(B):
                     if i == len(B) // 2:
                         loading.set()
                         time.sleep(0.05)
                     yield item
 
-            outcomes = race(lambda: refit_weights(model, stream()),
-                            lambda: (loading.wait(30), second(model)) and None)
+            def meanwhile(loading: threading.Event = loading, second: Callable[..., None] = second) -> None:
+                loading.wait(30)
+                second(model)
+
+            outcomes = race(lambda: refit_weights(model, stream()), meanwhile)
             assert outcomes[0] is None, outcomes
             assert isinstance(outcomes[1], RefitInProgressError), outcomes
             assert_nothing_left(model, handlers)
