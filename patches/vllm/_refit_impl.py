@@ -21,8 +21,14 @@ one layer, done model-wide and all-or-nothing:
 
 Every other tensor the stream writes (norms, embeddings, unquantized layers, biases) is written in
 place by vLLM's loaders; ``_refit_plain`` copies each aside before its first write, so an abort puts
-those back too: the whole model, not only the NVFP4 layers, is all-or-nothing. The commit itself
-(step 3's copies) runs with SIGINT deferred, so a Ctrl-C there lands after it, not half-way.
+those back too: the whole model, not only the NVFP4 layers, is all-or-nothing.
+
+Each public call runs in a ``_refit_session.RefitCall``: the model is claimed (a second caller gets
+``RefitInProgressError``) and SIGINT/SIGTERM are held (``_refit_signals``) while patchkit changes the
+model: prepare, the checks and processing of finish (with safe points between layers, where a held
+signal is delivered and the refit rolled back), the commit (no safe point: a signal lands after the
+last copy) and abort. Only the load phase lets a signal through at once; the window then rolls the
+model back before the signal's exception reaches the interrupted code.
 """
 
 from __future__ import annotations
@@ -30,8 +36,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import signal
-import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -39,6 +43,8 @@ import torch
 
 from . import _refit_plain, _refit_writes
 from ._refit_loaders import counting_loader, get_loader, set_loader
+from ._refit_session import claimed
+from ._refit_signals import SignalWindow
 from ._refit_state import (
     STATE_ATTR,
     KernelTensors,
@@ -51,7 +57,7 @@ from ._refit_state import (
     restore_method_state,
     shape_text,
 )
-from .refit import RefitError
+from .refit import RefitError, RefitInProgressError
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +71,11 @@ _EXACT_DTYPES = frozenset({torch.uint8, torch.int8, torch.float8_e4m3fn, torch.f
 
 
 def prepare(model: torch.nn.Module) -> None:
+    with claimed(model, _abort):
+        _prepare(model)
+
+
+def _prepare(model: torch.nn.Module) -> None:
     layers = list(_recorded_layers(model))
     kv_layers = list(_kv_scale_layers(model))
     _refuse_unrecorded_nvfp4_layers(model)
@@ -74,7 +85,7 @@ def prepare(model: torch.nn.Module) -> None:
         or any(state.staging is not None for _, _, state in layers)
         or any(hasattr(layer, _KV_STAGING_ATTR) for _, layer in kv_layers)
     ):
-        raise RefitError("a refit is already prepared on this model; finish or abort it first")
+        raise RefitInProgressError("a refit is already prepared on this model; finish or abort it first")
     try:
         # Installed once for the refit, not per loader call (each install rewrites torch.Tensor).
         object.__setattr__(model, _WRITES_ATTR, _refit_writes.hold())
@@ -86,7 +97,7 @@ def prepare(model: torch.nn.Module) -> None:
         staged += [p for _, layer in kv_layers for n in _KV_SCALE_NAMES if (p := layer._parameters.get(n)) is not None]
         _refit_plain.install(model, _refit_plain.guard(model, staged))
     except BaseException:
-        abort(model)
+        _abort(model)
         raise
     logger.debug("prepared refit of %d NVFP4 layers, %d KV-scale layers", len(layers), len(kv_layers))
 
@@ -202,26 +213,34 @@ def _check_dtype(
 # --- finish --------------------------------------------------------------------------------------
 
 
-@torch.no_grad()
 def finish(model: torch.nn.Module) -> None:
+    with claimed(model, _abort) as call:
+        _finish(model, call.window)
+
+
+@torch.no_grad()
+def _finish(model: torch.nn.Module, window: SignalWindow) -> None:
     layers = [entry for entry in _recorded_layers(model) if entry[2].staging is not None]
     kv_layers = [(name, layer) for name, layer in _kv_scale_layers(model) if hasattr(layer, _KV_STAGING_ATTR)]
     try:
         _check_all_loaded(layers)
-        processed = [(name, layer, state, _process(name, layer, state)) for name, layer, state in layers]
-        # A SIGINT during the copies is delivered after the last one (then abort finds nothing left
-        # to undo: the model serves the new weights in full).
-        with _deferred_sigint():
-            for _, layer, state, fresh in processed:
-                _commit(layer, state, fresh)
-            for _, layer in kv_layers:
-                _commit_kv_scales(layer)
-            plain = _refit_plain.take(model)
-            if plain is not None:
-                plain.release()
-            _release_write_counting(model)
+        processed = []
+        for name, layer, state in layers:
+            window.safe_point()  # a signal held so far rolls the refit back here
+            processed.append((layer, state, _process(name, layer, state)))
+        window.safe_point()
+        # No safe point from here on: a signal during the copies is delivered after the last one
+        # (the model then serves the new weights in full).
+        for layer, state, fresh in processed:
+            _commit(layer, state, fresh)
+        for _, layer in kv_layers:
+            _commit_kv_scales(layer)
+        plain = _refit_plain.take(model)
+        if plain is not None:
+            plain.release()
+        _release_write_counting(model)
     except BaseException:
-        abort(model)
+        _abort(model)
         raise
     logger.debug("refit committed on %d NVFP4 layers, %d KV-scale layers", len(layers), len(kv_layers))
 
@@ -322,30 +341,37 @@ def refit_weights(
             current[:] = [name]
             yield name, tensor
 
-    prepare(model)
-    try:
-        load(stream())
-    except RefitError:
-        abort(model)
-        raise
-    except Exception as exc:
-        abort(model)
-        if any(exc is error for error in producer_errors):
-            raise
-        # vLLM's loaders raise ValueError/KeyError for a name the model does not have, and shape
-        # asserts for tensors they cannot place; say which tensor it was.
-        name = current[0] if current else None
-        layer, _, parameter = (name or "").rpartition(".")
-        raise RefitError(
-            f"refit tensor {name!r} could not be loaded into the model: {exc}; no layer was changed",
-            layer=layer or None,
-            parameter=parameter or None,
-            got="a name the model does not have" if isinstance(exc, (KeyError, ValueError)) else None,
-        ) from exc
-    except BaseException:
-        abort(model)
-        raise
-    finish(model)
+    with claimed(model, _abort) as call:
+        _prepare(model)
+        try:
+            with call.window.interruptible():
+                load(stream())
+        except BaseException as exc:
+            if not call.window.closed:  # closed: an interrupt has rolled back and let the model go
+                _abort(model)
+            error = _loading_error(exc, current, producer_errors)
+            if error is exc:
+                raise
+            raise error from exc
+        call.check_not_interrupted()
+        _finish(model, call.window)
+
+
+def _loading_error(exc: BaseException, current: list[str], producer_errors: list[BaseException]) -> BaseException:
+    """What a failed load raises: ``exc`` itself when it is a RefitError, the producer's own error or
+    not an Exception (an interrupt); otherwise a RefitError naming the tensor being loaded."""
+    if isinstance(exc, RefitError) or not isinstance(exc, Exception) or any(exc is e for e in producer_errors):
+        return exc
+    # vLLM's loaders raise ValueError/KeyError for a name the model does not have, and shape
+    # asserts for tensors they cannot place; say which tensor it was.
+    name = current[0] if current else None
+    layer, _, parameter = (name or "").rpartition(".")
+    return RefitError(
+        f"refit tensor {name!r} could not be loaded into the model: {exc}; no layer was changed",
+        layer=layer or None,
+        parameter=parameter or None,
+        got="a name the model does not have" if isinstance(exc, (KeyError, ValueError)) else None,
+    )
 
 
 def _default_loader(model: torch.nn.Module) -> Callable[[Iterable[tuple[str, torch.Tensor]]], Any]:
@@ -361,23 +387,27 @@ def _default_loader(model: torch.nn.Module) -> Callable[[Iterable[tuple[str, tor
 
 
 def abort(model: torch.nn.Module) -> None:
+    with claimed(model, _abort):
+        _abort(model)
+
+
+def _abort(model: torch.nn.Module) -> None:
     """Put back what the model served before ``prepare``: NVFP4 kernel tensors, KV scales, plain tensors."""
-    with _deferred_sigint():
-        plain = _refit_plain.take(model)
-        try:
-            for _, layer, state in _recorded_layers(model):
-                if state.staging is not None:
-                    state.kernel.place_on(layer)
-                    restore_method_state(layer.quant_method, state.method_state)
-                    _unstage(state)
-            for _, layer in _kv_scale_layers(model):
-                if hasattr(layer, _KV_STAGING_ATTR):
-                    object.__delattr__(layer, _KV_STAGING_ATTR)
-                    _drop_kv_scale_params(layer)
-        finally:
-            _release_write_counting(model)
-            if plain is not None:
-                plain.restore()
+    plain = _refit_plain.take(model)
+    try:
+        for _, layer, state in _recorded_layers(model):
+            if state.staging is not None:
+                state.kernel.place_on(layer)
+                restore_method_state(layer.quant_method, state.method_state)
+                _unstage(state)
+        for _, layer in _kv_scale_layers(model):
+            if hasattr(layer, _KV_STAGING_ATTR):
+                object.__delattr__(layer, _KV_STAGING_ATTR)
+                _drop_kv_scale_params(layer)
+    finally:
+        _release_write_counting(model)
+        if plain is not None:
+            plain.restore()
 
 
 def _release_write_counting(model: torch.nn.Module) -> None:
@@ -387,28 +417,19 @@ def _release_write_counting(model: torch.nn.Module) -> None:
 
 
 @contextlib.contextmanager
-def _deferred_sigint() -> Iterator[None]:
-    """Hold a SIGINT that arrives inside the block until the block is done, then deliver it.
-
-    The commit and the rollback are short runs of in-place copies; a KeyboardInterrupt half-way would
-    leave some layers new and some old. Python handles signals in the main thread only, so elsewhere
-    (and where a non-Python handler is installed) this does nothing.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.getsignal(signal.SIGINT)
-    if not callable(previous):
-        yield
-        return
-    received: list[tuple[int, Any]] = []
-    signal.signal(signal.SIGINT, lambda signum, frame: received.append((signum, frame)))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if received:
-            previous(*received[0])
+def refitting(model: torch.nn.Module) -> Iterator[None]:
+    """The ``with refit(model)`` block: prepare, the block (interruptible), finish; abort on error."""
+    with claimed(model, _abort) as call:
+        _prepare(model)
+        try:
+            with call.window.interruptible():
+                yield
+        except BaseException:
+            if not call.window.closed:
+                _abort(model)
+            raise
+        call.check_not_interrupted()
+        _finish(model, call.window)
 
 
 # --- model walking -------------------------------------------------------------------------------

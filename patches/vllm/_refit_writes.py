@@ -52,18 +52,24 @@ class WriteCounter:
 
     __slots__ = ("copied", "_outer", "_hold")
 
+    _hold: Hold | None
+
     def __init__(self) -> None:
         self.copied = 0
 
     def __enter__(self) -> WriteCounter:
-        self._hold = hold()  # cheap when a refit already holds the counting
+        # Inside a refit the counting is installed already: then entering changes nothing but this
+        # thread's counter, so a signal landing here cannot leave a hold (and torch.Tensor's
+        # wrappers) behind. The refit's own hold is taken and released where signals are held.
+        self._hold = None if _holds else hold()
         self._outer = getattr(_thread, "counter", None)
         _thread.counter = self
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         _thread.counter = self._outer
-        self._hold.release()
+        if self._hold is not None:
+            self._hold.release()
 
 
 class Hold:
@@ -101,6 +107,10 @@ def _release() -> None:
             # torch.Tensor inherits these from torch._C.TensorBase; deleting restores that.
             for name in (*_WHOLE_WRITES, _ITEM_WRITE):
                 delattr(torch.Tensor, name)
+            # A counter an interrupt left active in this thread (its ``with`` never exited) counts
+            # nothing from here on.
+            _thread.counter = None
+            _thread.writing = False
 
 
 def installed() -> bool:
@@ -113,8 +123,8 @@ def _counting_whole_write(original: Callable[..., Any]) -> Callable[..., Any]:
         counter = getattr(_thread, "counter", None)
         if counter is None or getattr(_thread, "writing", False):
             return original(self, *args, **kwargs)
-        _thread.writing = True
         try:
+            _thread.writing = True  # inside the try: an interrupt cannot leave it set
             result = original(self, *args, **kwargs)
         finally:
             _thread.writing = False
@@ -131,8 +141,8 @@ def _counting_item_write(original: Callable[..., Any]) -> Callable[..., Any]:
         if counter is None or getattr(_thread, "writing", False):
             original(self, index, value)
             return
-        _thread.writing = True
         try:
+            _thread.writing = True  # inside the try: an interrupt cannot leave it set
             original(self, index, value)
             written = self[index].numel()
         finally:

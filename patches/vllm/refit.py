@@ -22,6 +22,10 @@ are absent the scales in use are kept. No vLLM range is declared ``native`` yet 
 ``nvfp4_refit.py``); a version reported native would get its backend here, behind the same calls.
 
 Errors are :class:`RefitError` and leave every layer serving the weights it served before.
+Each call claims the model: a second thread refitting the same model meanwhile gets
+:class:`RefitInProgressError` at once. SIGINT and SIGTERM (with a Python handler) are held while a
+call changes the model and delivered once it is consistent: an interrupted refit leaves the model
+serving its previous weights, or, once the final copies began, the new ones; never half of each.
 
 The work lives in ``_refit_impl``, imported on first use, so importing this module stays light.
 """
@@ -29,18 +33,23 @@ The work lives in ``_refit_impl``, imported on first use, so importing this modu
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["RefitError", "prepare_refit", "finish_refit", "abort_refit", "refit", "refit_weights", "refit_mode"]
+from patchkit.runtime.errors import PatchkitError
+
+__all__ = [
+    "RefitError", "RefitInProgressError", "prepare_refit", "finish_refit", "abort_refit", "refit", "refit_weights",
+    "refit_mode",
+]
 
 PATCH_ID = "vllm.nvfp4_refit"
 
 
-class RefitError(ValueError):
+class RefitError(PatchkitError, ValueError):
     """A refit could not be applied; the model still serves its previous weights.
 
     ``layer`` and ``parameter`` name what failed (``None`` when the failure is model-wide);
@@ -64,6 +73,13 @@ class RefitError(ValueError):
         self.got = got
 
 
+class RefitInProgressError(RefitError):
+    """Another refit call is running on this model (another thread), or a refit is already prepared.
+
+    Raised at once, before anything is changed: the refit in progress carries on undisturbed.
+    """
+
+
 def refit_mode() -> str:
     """How refits run in this process: ``"patchkit"`` (the only backend so far).
 
@@ -79,6 +95,10 @@ def prepare_refit(model: torch.nn.Module) -> None:
     """Make ``model`` ready for ``model.load_weights`` with checkpoint-format tensors.
 
     Until :func:`finish_refit` or :func:`abort_refit`, the refitted layers must not run forward.
+    Raises :class:`RefitInProgressError` if a refit is already prepared or another call is running.
+    A signal that arrives meanwhile is delivered as the call returns, after the model is prepared:
+    whoever catches it must call :func:`abort_refit` (a no-op when nothing is prepared), as
+    :func:`refit` and :func:`refit_weights` do.
     """
     _backend().prepare(model)
 
@@ -96,17 +116,15 @@ def abort_refit(model: torch.nn.Module) -> None:
     _backend().abort(model)
 
 
-@contextlib.contextmanager
-def refit(model: torch.nn.Module) -> Iterator[None]:
-    """``prepare_refit`` on entry, ``finish_refit`` on normal exit, ``abort_refit`` on error."""
-    backend = _backend()
-    backend.prepare(model)
-    try:
-        yield
-    except BaseException:
-        backend.abort(model)
-        raise
-    backend.finish(model)
+def refit(model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
+    """``prepare_refit`` on entry, ``finish_refit`` on normal exit, ``abort_refit`` on error.
+
+    The model is claimed for the whole block: :func:`prepare_refit`, :func:`finish_refit` and
+    :func:`abort_refit` on it inside the block raise :class:`RefitInProgressError`. A signal lands
+    in the block as usual (then the refit is rolled back); one that arrives while patchkit prepares
+    or finishes is held until the model is consistent.
+    """
+    return _backend().refitting(model)  # type: ignore[no-any-return]
 
 
 def refit_weights(

@@ -53,6 +53,10 @@ def _upstream_output(verdicts: list[doctor.Verdict], facts: dict[str, Any], verb
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.record:
+        from .record import check_writable
+
+        check_writable(args.record)  # bad input: exit 2 now, not after every check has run
     report = real_stderr()
     try:
         progress = report if report.isatty() and not args.json else None

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
@@ -31,8 +32,14 @@ class Disagreement:
         return f"{self.position}: {self.message}" if self.position else self.message
 
 
+@functools.lru_cache(maxsize=1024)
+def _specifier(spec: str) -> SpecifierSet:
+    """Parsed once: a matrix of many records asks the same few ranges again and again."""
+    return SpecifierSet(spec)
+
+
 def _contains(spec: str, version: str) -> bool:
-    return SpecifierSet(spec).contains(Version(version), prereleases=True)
+    return _specifier(spec).contains(Version(version), prereleases=True)
 
 
 def covers(variant: Variant, versions: Mapping[str, str]) -> bool:
@@ -59,10 +66,12 @@ def overlap(first: Variant, second: Variant, recorded: Iterable[Mapping[str, str
     for dist in sorted(set(first.requires) | set(second.requires)):
         specs = [v.requires[dist] for v in (first, second) if dist in v.requires]
         extra = [r[dist] for r in recorded if dist in r]
-        both = [p for p in _probes(specs, extra) if all(SpecifierSet(s).contains(p, prereleases=True) for s in specs)]
-        if not both:
+        sets = [_specifier(s) for s in specs]
+        first_in_both = next((p for p in _probes(specs, extra) if all(s.contains(p, prereleases=True) for s in sets)),
+                             None)
+        if first_in_both is None:
             return None
-        witness[dist] = both[0]
+        witness[dist] = first_in_both
     return witness
 
 

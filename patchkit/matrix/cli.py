@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from ..runtime.catalogue import Registered
+from ..runtime.errors import ConfigError
 from .loader import FILENAME, default_path
 
 if TYPE_CHECKING:
@@ -48,7 +49,16 @@ def _registry() -> list[Registered]:
     return patches
 
 
-def _diff_or_write(path: Path, old: str, new: str, check: bool) -> int:
+def _read_input(path: Path, option: str) -> str:
+    """A file named on the command line, as text; ConfigError (exit 2) if it cannot be read."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(option, str(path), "a readable UTF-8 text file", problem=f"unreadable ({why})") from None
+
+
+def _diff_or_write(path: Path, old: str, new: str, check: bool, option: str = "--matrix") -> int:
     if old == new:
         _write(f"{path}: up to date")
         return 0
@@ -57,9 +67,33 @@ def _diff_or_write(path: Path, old: str, new: str, check: bool) -> int:
         sys.stdout.writelines(diff)
         _write(f"{path} is stale: run the command without --check and commit the result")
         return 1
-    path.write_text(new, encoding="utf-8")
+    try:
+        path.write_text(new, encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(option, str(path), "a file that can be written",
+                          problem=f"not writable ({exc.strerror or repr(exc)})") from None
     _write(f"{path}: updated")
     return 0
+
+
+def _symbols_file(path: Path) -> dict[str, dict[str, list[str]]]:
+    """``--symbols FILE``: {dist: {versions: [...], symbols: [...]}}; ConfigError naming what is wrong."""
+    import yaml
+
+    shape = "YAML {dist: {versions: [...], symbols: [...]}}"
+    try:
+        wanted = yaml.safe_load(_read_input(path, "--symbols"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        why = getattr(exc, "problem", None) or " ".join(str(exc).split())
+        raise ConfigError("--symbols", str(path), shape, problem=f"not valid YAML{where} ({why})") from None
+    if not isinstance(wanted, dict):
+        raise ConfigError("--symbols", str(path), shape, problem=f"not a mapping ({type(wanted).__name__})")
+    for dist, spec in wanted.items():
+        if not (isinstance(spec, dict) and all(isinstance(spec.get(k), list) for k in ("versions", "symbols"))):
+            raise ConfigError("--symbols", str(path), shape, problem=f"malformed at {dist!r}")
+    return wanted
 
 
 def _write_matrix(path: Path, old: str, new: str, matrix: "Matrix", check: bool = False) -> int:
@@ -114,9 +148,7 @@ def _static(args: argparse.Namespace) -> int:
 
     cache = Path(args.cache) if args.cache else DEFAULT_CACHE
     if args.symbols:
-        import yaml
-
-        wanted = yaml.safe_load(Path(args.symbols).read_text(encoding="utf-8"))
+        wanted = _symbols_file(Path(args.symbols))
         rows = [obs for dist, spec in wanted.items()
                 for obs in static.survey(dist, [str(v) for v in spec["versions"]], spec["symbols"], cache)]
         if args.json:
@@ -154,7 +186,7 @@ def _merge(args: argparse.Namespace) -> int:
 
     path = _matrix_path(args)
     old = path.read_text(encoding="utf-8")
-    updated = merge_contribution(load(path), load(Path(args.file)))
+    updated = merge_contribution(load(path), load(Path(args.file)), _registry())
     return _write_matrix(path, old, writer.replace_patches(old, updated.patches), updated, args.check)
 
 
@@ -177,8 +209,6 @@ def _outdated(args: argparse.Namespace) -> int:
 def _release(text: str) -> tuple[str, str]:
     dist, sep, version = text.strip().partition("==")
     if not sep or not dist or not version:
-        from ..runtime.errors import ConfigError
-
         raise ConfigError("--add", text, "DIST==VERSION[,DIST==VERSION...], e.g. vllm==0.16.0")
     return dist, version
 
@@ -187,13 +217,13 @@ def _table(args: argparse.Namespace) -> int:
     from . import load, table
 
     readme = Path(args.readme)
-    old = readme.read_text(encoding="utf-8")
+    old = _read_input(readme, "--readme")
     try:
         new = table.update(old, load(_matrix_path(args)), readme.name, table.ranges_of(_registry()))
     except ValueError as exc:
         sys.stderr.write(f"patchkit: {exc}\n")
         return 2
-    return _diff_or_write(readme, old, new, args.check)
+    return _diff_or_write(readme, old, new, args.check, "--readme")
 
 
 def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
