@@ -112,8 +112,42 @@ def quant_specs(chunk: nn.Module) -> dict[str, QuantSpec]:
                 layer=name, parameter=parameter,
                 hint="recalibrate (an all-zero weight has no NVFP4 scale; exclude such a layer from QAT)",
             )
-        specs[parameter] = QuantSpec(int(quantizer.block_sizes[-1]), amax.reshape(()), _input_amax(module))
+        block_size = int(quantizer.block_sizes[-1])
+        _check_block_shape(name, parameter, getattr(module, "weight", None), block_size)
+        specs[parameter] = QuantSpec(block_size, amax.reshape(()), _input_amax(module))
     return specs
+
+
+def _whole_input_dim(weight: torch.Tensor, expert: bool) -> int:
+    """The input dimension of the whole (TP-gathered) weight: a row-parallel shard holds 1/tp of it."""
+    columns = int(weight.shape[-1])
+    if getattr(weight, "tensor_model_parallel", False) and getattr(weight, "partition_dim", None) == weight.dim() - 1:
+        columns *= _group_size(_tp_group(expert))
+    return columns
+
+
+def _check_block_shape(layer: str, parameter: str, weight: object, block_size: int) -> None:
+    """NVFP4 packs blocks of ``block_size`` along the input dimension; refuse a weight that has no whole blocks.
+
+    ModelOpt's fake quantization pads a ragged last block, so such a model trains; its checkpoint
+    format has no padding, so the export must refuse it before the first tensor, naming the layer.
+    """
+    if not isinstance(weight, torch.Tensor):
+        return  # no ``weight`` (grouped-GEMM experts keep weight0, weight1...): nothing is exported under it
+    if weight.dim() != 2:
+        raise QATExportError(
+            f"quantized weight has shape {list(weight.shape)}; NVFP4 export writes 2-D [out, in] weights only",
+            layer=layer, parameter=parameter,
+        )
+    columns = _whole_input_dim(weight, expert=".experts." in layer)
+    if block_size <= 0 or block_size % 2 or columns % block_size:
+        raise QATExportError(
+            f"weight of shape {list(weight.shape)} has an input dimension of {columns}, not a multiple of the "
+            f"NVFP4 block size {block_size}",
+            layer=layer, parameter=parameter,
+            hint="NVFP4 checkpoints hold whole blocks along the input dimension: use hidden and FFN sizes that "
+                 "are multiples of it, or leave the layer out of QAT (an ignore pattern)",
+        )
 
 
 def check_qat_model(chunks: list[nn.Module]) -> None:

@@ -103,3 +103,39 @@ def test_every_non_finite_weight_is_counted_and_the_first_named(megatron_cpu, cp
     with pytest.raises(QATExportError, match=r"1 more weights") as error:
         list(export_qat_weights([model]))
     assert error.value.parameter == f"{first}.weight"
+
+
+def _train_one_step(model) -> None:
+    """One SGD step through the QAT forward and backward: such a model trains (ModelOpt pads the last block)."""
+    from qat_fixtures import batch
+
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0)
+    model(**batch()).float().mean().backward()
+    optimizer.step()
+    assert any(not torch.equal(before[n], p) for n, p in model.named_parameters())
+
+
+@pytest.mark.parametrize(("overrides", "layer", "columns"), [
+    pytest.param({"hidden_size": 72, "num_attention_heads": 4, "num_query_groups": 2},
+                 "decoder.layers.0.self_attention.linear_proj", 72, id="hidden-72"),
+    pytest.param({"ffn_hidden_size": 136}, "decoder.layers.0.mlp.linear_fc2", 136, id="ffn-136"),
+    pytest.param({"num_moe_experts": 4, "moe_router_topk": 2, "moe_ffn_hidden_size": 40},
+                 "decoder.layers.0.mlp.experts.local_experts.0.linear_fc2", 40, id="expert-ffn-40"),
+])
+def test_a_weight_without_whole_nvfp4_blocks_is_named_before_the_first_tensor(
+    megatron_cpu, cpu_backend, overrides, layer, columns
+):
+    """Issue 25: hidden size 72 trained under QAT, then the export streamed 4 tensors and raised an
+    untyped ValueError naming no layer. The shapes are checked when export_qat_weights is called."""
+    moe = "num_moe_experts" in overrides
+    model = qat(build_gpt(moe, **overrides))
+    _train_one_step(model)
+    with pytest.raises(QATExportError, match=rf"input dimension of {columns}, not a multiple of the NVFP4 block "
+                                             r"size 16") as error:
+        export_qat_weights([model])  # raises here: no generator is handed out
+    assert (error.value.layer, error.value.parameter) == (layer, f"{layer}.weight")
+    assert dict(model.named_modules())[layer].weight.shape[-1] == columns
+    with pytest.raises(QATExportError, match="input dimension") as error:
+        export_qat_config([model])
+    assert error.value.layer == layer
