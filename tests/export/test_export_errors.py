@@ -139,3 +139,19 @@ def test_a_weight_without_whole_nvfp4_blocks_is_named_before_the_first_tensor(
     with pytest.raises(QATExportError, match="input dimension") as error:
         export_qat_config([model])
     assert error.value.layer == layer
+
+
+@pytest.mark.parametrize("layout", ["per-expert", "Fused", None, 0])
+def test_an_unknown_expert_layout_is_refused(megatron_cpu, cpu_backend, layout):
+    model = qat(build_gpt(True))
+    with pytest.raises(QATExportError, match="unknown expert_layout.*'per_expert', 'fused'"):
+        export_qat_weights([model], expert_layout=layout)
+
+
+def test_a_fused_expert_layout_needs_hugging_face_names(megatron_cpu, cpu_backend):
+    model = qat(build_gpt(True))
+    with pytest.raises(QATExportError, match="needs Hugging Face names"):
+        export_qat_weights([model], expert_layout="fused")
+    names = [name for name, _ in export_qat_weights([model], expert_layout="per_expert")]
+    assert names == [name for name, _ in export_qat_weights([model])]
+    assert "decoder.layers.0.mlp.experts.local_experts.3.linear_fc1.weight_scale_2" in names
