@@ -416,18 +416,60 @@ def _fill_rows(rows: torch.Tensor, index: torch.Tensor, value: int) -> None:
     rows.index_fill_(0, index, value)
 
 
-def sequence_parallel_shard(packed: torch.Tensor, layout: ThdLayout, tp_rank: int) -> torch.Tensor:
-    """The rows a router on ``tp_rank`` sees under sequence parallelism (a contiguous slice)."""
+def sequence_parallel_shard(
+    packed: torch.Tensor, layout: ThdLayout, tp_rank: int, *, stacked: Optional[bool] = None
+) -> torch.Tensor:
+    """The rows a router on ``tp_rank`` sees under sequence parallelism (a contiguous slice).
+
+    ``packed`` is one CP rank's ``[local_tokens, *rest]`` (``pack(..., cp_rank=r)``), or, under
+    context parallelism, every rank's ``[cp, local_tokens, *rest]`` as ``pack`` returns without
+    ``cp_rank``; the result keeps the form: ``[local_tokens / tp, *rest]`` or
+    ``[cp, local_tokens / tp, *rest]``. ``stacked=None`` tells the two apart by shape and raises
+    :class:`PackedShapeError` when a shape fits both (``local_tokens == cp`` and a trailing
+    dimension of ``local_tokens``); pass ``stacked`` to say which it is. Any other shape raises
+    :class:`PackedShapeError` too: slicing the wrong dimension would replay other tokens' experts.
+    """
+    from .router_replay_api import PackedShapeError
+
     if not 0 <= tp_rank < layout.tp_size:
         raise ValueError(f"tp_rank {tp_rank} is outside tensor-parallel size {layout.tp_size}")
-    if packed.shape[0] % layout.tp_size:
-        raise ValueError(
-            f"{packed.shape[0]} packed rows do not split evenly over tensor-parallel size "
+    if stacked is None:
+        stacked = _is_stacked(packed, layout)
+    rows = packed.shape[1] if stacked else packed.shape[0]
+    if stacked and (layout.cp_size == 1 or packed.dim() < 2 or packed.shape[0] != layout.cp_size):
+        raise PackedShapeError(
+            f"expected every CP rank's packed rows [cp={layout.cp_size}, {layout.local_tokens}, ...]; "
+            f"got shape {list(packed.shape)}"
+        )
+    if rows % layout.tp_size:
+        raise PackedShapeError(
+            f"{rows} packed rows do not split evenly over tensor-parallel size "
             f"{layout.tp_size}: pack with the layout the model input was built with (it pads every "
             "sample to a multiple of tp)"
         )
-    per_rank = packed.shape[0] // layout.tp_size
+    if rows != layout.local_tokens:
+        raise PackedShapeError(
+            f"expected {layout.local_tokens} packed rows per CP rank ([local_tokens, ...], or "
+            f"[cp={layout.cp_size}, local_tokens, ...] for every rank); got shape {list(packed.shape)}"
+        )
+    per_rank = rows // layout.tp_size
+    if stacked:
+        return packed[:, tp_rank * per_rank : (tp_rank + 1) * per_rank]
     return packed[tp_rank * per_rank : (tp_rank + 1) * per_rank]
+
+
+def _is_stacked(packed: torch.Tensor, layout: ThdLayout) -> bool:
+    """Whether ``packed`` is ``pack``'s every-rank form ``[cp, local_tokens, ...]`` (CP > 1 only)."""
+    from .router_replay_api import PackedShapeError
+
+    local = layout.local_tokens
+    every_rank = layout.cp_size > 1 and packed.dim() >= 2 and tuple(packed.shape[:2]) == (layout.cp_size, local)
+    if every_rank and packed.shape[0] == local:
+        raise PackedShapeError(
+            f"shape {list(packed.shape)} is both one CP rank's [{local}, ...] rows and every rank's "
+            f"[cp={layout.cp_size}, {local}, ...]: pass stacked=True or stacked=False"
+        )
+    return every_rank
 
 
 def _check_grid(per_sample: torch.Tensor, layout: ThdLayout) -> None:

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from ._router_replay_scope import ModelRouters, merge_layers, moe_layer_numbers, stack_layers  # noqa: F401
 
 __all__ = [
-    "Action", "ModelRouters", "Ownership", "ReplayIndexInvalidError", "ReplayIndexMismatchError",
+    "Action", "ModelRouters", "Ownership", "PackedShapeError", "ReplayIndexInvalidError", "ReplayIndexMismatchError",
     "ReplayTargetMissingError", "RouterReplayConflictError", "RouterReplayError", "RouterReplayUnavailableError",
     "ThdLayout", "clear", "enable", "fallbacks", "for_model", "gather_pipeline", "gather_sequence_parallel",
     "merge_layers", "moe_layer_numbers", "ownership", "pack", "pending_backward", "policy", "recorded", "reset",
@@ -55,6 +55,10 @@ __all__ = [
 
 class RouterReplayError(RuntimeError):
     """Router replay was asked for something the current model or data cannot do."""
+
+
+class PackedShapeError(RouterReplayError, ValueError):
+    """A packed index tensor whose shape does not fit the :class:`ThdLayout` it is used with."""
 
 
 class RouterReplayUnavailableError(RouterReplayError):

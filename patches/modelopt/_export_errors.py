@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from patchkit import PatchkitError
 
-class QATExportError(ValueError):
+
+class QATExportError(PatchkitError, ValueError):
     """A model, quantizer or Bridge that the NVFP4 export cannot turn into a checkpoint.
 
     Raised before the first tensor is yielded wherever the problem can be seen up front (no QAT,

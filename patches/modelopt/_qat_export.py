@@ -32,30 +32,14 @@ from torch import nn
 from ._export_errors import QATExportError
 from ._export_finite import NonFiniteWeights
 from ._export_names import export_order_key, global_names
+from ._export_tensors import QuantSpec, checkpoint_tensors
+from ._expert_layout import ExpertLayout, check_expert_layout, split_fused_experts
 from ._fused_experts import fuse_experts
-from ._nvfp4_pack import quantize_nvfp4
-from ._nvfp4_pack import weight_scale_2 as _scale_2
 
 logger = logging.getLogger(__name__)
 
 W4A16_ALGO = "W4A16_NVFP4"
 W4A4_ALGO = "NVFP4"
-
-
-@dataclass(frozen=True)
-class QuantSpec:
-    """What the export needs from one quantized linear: block size and the calibrated amaxes."""
-
-    block_size: int
-    amax: torch.Tensor
-    input_amax: torch.Tensor | None = None
-
-    def merged(self, other: "QuantSpec") -> "QuantSpec":
-        """Tensor-parallel shards of one linear: the whole weight's amax is the largest shard amax."""
-        input_amax = self.input_amax
-        if other.input_amax is not None:
-            input_amax = other.input_amax if input_amax is None else torch.maximum(input_amax, other.input_amax)
-        return QuantSpec(self.block_size, torch.maximum(self.amax, other.amax), input_amax)
 
 
 def unwrap_chunks(model_chunks: nn.Module | Sequence[nn.Module]) -> list[nn.Module]:
@@ -112,8 +96,42 @@ def quant_specs(chunk: nn.Module) -> dict[str, QuantSpec]:
                 layer=name, parameter=parameter,
                 hint="recalibrate (an all-zero weight has no NVFP4 scale; exclude such a layer from QAT)",
             )
-        specs[parameter] = QuantSpec(int(quantizer.block_sizes[-1]), amax.reshape(()), _input_amax(module))
+        block_size = int(quantizer.block_sizes[-1])
+        _check_block_shape(name, parameter, getattr(module, "weight", None), block_size)
+        specs[parameter] = QuantSpec(block_size, amax.reshape(()), _input_amax(module))
     return specs
+
+
+def _whole_input_dim(weight: torch.Tensor, expert: bool) -> int:
+    """The input dimension of the whole (TP-gathered) weight: a row-parallel shard holds 1/tp of it."""
+    columns = int(weight.shape[-1])
+    if getattr(weight, "tensor_model_parallel", False) and getattr(weight, "partition_dim", None) == weight.dim() - 1:
+        columns *= _group_size(_tp_group(expert))
+    return columns
+
+
+def _check_block_shape(layer: str, parameter: str, weight: object, block_size: int) -> None:
+    """NVFP4 packs blocks of ``block_size`` along the input dimension; refuse a weight that has no whole blocks.
+
+    ModelOpt's fake quantization pads a ragged last block, so such a model trains; its checkpoint
+    format has no padding, so the export must refuse it before the first tensor, naming the layer.
+    """
+    if not isinstance(weight, torch.Tensor):
+        return  # no ``weight`` (grouped-GEMM experts keep weight0, weight1...): nothing is exported under it
+    if weight.dim() != 2:
+        raise QATExportError(
+            f"quantized weight has shape {list(weight.shape)}; NVFP4 export writes 2-D [out, in] weights only",
+            layer=layer, parameter=parameter,
+        )
+    columns = _whole_input_dim(weight, expert=".experts." in layer)
+    if block_size <= 0 or block_size % 2 or columns % block_size:
+        raise QATExportError(
+            f"weight of shape {list(weight.shape)} has an input dimension of {columns}, not a multiple of the "
+            f"NVFP4 block size {block_size}",
+            layer=layer, parameter=parameter,
+            hint="NVFP4 checkpoints hold whole blocks along the input dimension: use hidden and FFN sizes that "
+                 "are multiples of it, or leave the layer out of QAT (an ignore pattern)",
+        )
 
 
 def check_qat_model(chunks: list[nn.Module]) -> None:
@@ -124,27 +142,6 @@ def check_qat_model(chunks: list[nn.Module]) -> None:
             f"model has no ModelOpt quantizers ({', '.join(kinds) or 'no chunks'})",
             hint="apply QAT first: patchkit.patches.modelopt.qat.apply_qat(model_chunks)",
         )
-
-
-def checkpoint_tensors(
-    name: str, tensor: torch.Tensor, spec: QuantSpec | None, nonfinite: NonFiniteWeights
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """The checkpoint tensors of one exported parameter: as is, or NVFP4 ``weight``, scales, input scale.
-
-    A quantized weight's NaN/infinity flag is recorded in ``nonfinite`` (read at the end of the stream).
-    """
-    if spec is None:
-        yield name, tensor
-        return
-    base = name[: -len(".weight")] if name.endswith(".weight") else name
-    flags: list[torch.Tensor] = []
-    packed, scale, scale_2 = quantize_nvfp4(tensor, spec.amax.to(tensor.device), spec.block_size, nonfinite=flags)
-    nonfinite.record(name, flags[0])
-    yield name, packed
-    yield f"{base}.weight_scale", scale
-    yield f"{base}.weight_scale_2", scale_2
-    if spec.input_amax is not None:
-        yield f"{base}.input_scale", _scale_2(spec.input_amax).to(tensor.device)
 
 
 # --- Megatron names (no Bridge) ----------------------------------------------------------------
@@ -322,7 +319,7 @@ def check_bridge_knows(chunks: list[nn.Module], bridge: Any) -> None:
                 )
 
 
-def _bridge_export(chunks: list[nn.Module], bridge: Any) -> Iterator[tuple[str, torch.Tensor]]:
+def _bridge_export(chunks: list[nn.Module], bridge: Any, layout: ExpertLayout) -> Iterator[tuple[str, torch.Tensor]]:
     check_bridge_knows(chunks, bridge)
     specs = _global_specs(chunks)
     registry = _registry(bridge)
@@ -339,9 +336,14 @@ def _bridge_export(chunks: list[nn.Module], bridge: Any) -> Iterator[tuple[str, 
         for hf_name, tensor in bridge.export_hf_weights(chunks, cpu=False, show_progress=False, conversion_tasks=tasks)
         if "_quantizer." not in hf_name
     )
-    num_experts = int(getattr(chunks[0].config, "num_moe_experts", None) or 0)
     nonfinite = NonFiniteWeights()
-    yield from fuse_experts(stream, num_experts, functools.partial(checkpoint_tensors, nonfinite=nonfinite))
+    emit = functools.partial(checkpoint_tensors, nonfinite=nonfinite)
+    if layout == "fused":
+        num_experts = int(getattr(chunks[0].config, "num_moe_experts", None) or 0)
+        yield from fuse_experts(stream, num_experts, emit)
+    else:
+        for name, tensor, spec in stream:
+            yield from emit(name, tensor, spec)
     nonfinite.raise_if_any()
 
 
@@ -360,6 +362,7 @@ def export_qat_weights(
     bridge: Any = None,
     *,
     native: bool | None = None,
+    expert_layout: ExpertLayout = "per_expert",
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Stream ``(name, tensor)`` of a QAT-applied Megatron model in ModelOpt's NVFP4 checkpoint format.
 
@@ -374,7 +377,21 @@ def export_qat_weights(
     use it and ``False`` uses patchkit's path; ``True`` without it raises. The model is checked
     (QAT applied, every weight quantizer calibrated, every parameter known to the Bridge) before
     the first tensor is produced.
+
+    ``expert_layout`` (Hugging Face names only, with a Bridge): ``"per_expert"`` writes quantized MoE
+    experts under their per-expert names (``experts.<e>.{gate,up,down}_proj.*``, as ModelOpt's
+    checkpoints and vLLM's ``load_weights`` have them); ``"fused"`` stacks each layer's experts into
+    vLLM's ``FusedMoE`` parameter names (``experts.w13_*``, ``experts.w2_*``), as Bridge 0.6's own
+    export does. Same bytes either way. Megatron names (no Bridge) are per expert
+    (``local_experts.<e>.linear_fc1``); ``"fused"`` there, or any other value, raises
+    :class:`QATExportError`.
     """
+    layout = check_expert_layout(expert_layout)
+    if layout == "fused" and bridge is None:
+        raise QATExportError(
+            "expert_layout='fused' needs Hugging Face names; without a Bridge the export writes Megatron names",
+            hint="pass the model's AutoBridge, or use expert_layout='per_expert'",
+        )
     chunks = unwrap_chunks(model_chunks)
     check_qat_model(chunks)
     for chunk in chunks:
@@ -388,15 +405,19 @@ def export_qat_weights(
     if path == "native" and native is False:
         path = "bridge"
     logger.info("patchkit: QAT NVFP4 export through %s", path)
-    return _generate(chunks, bridge, path)
+    return _generate(chunks, bridge, path, layout)
 
 
-def _generate(chunks: list[nn.Module], bridge: Any, path: str) -> Iterator[tuple[str, torch.Tensor]]:
+def _generate(
+    chunks: list[nn.Module], bridge: Any, path: str, layout: ExpertLayout
+) -> Iterator[tuple[str, torch.Tensor]]:
     if path == "native":
         check_bridge_knows(chunks, bridge)
-        yield from bridge.export_hf_weights_modelopt(chunks, quant_mode=quant_algo(chunks).lower(), show_progress=False)
+        # Bridge 0.6 writes quantized experts fused (modelopt_utils._FUSED_MOE_NVFP4_NAME_MAP).
+        native = bridge.export_hf_weights_modelopt(chunks, quant_mode=quant_algo(chunks).lower(), show_progress=False)
+        yield from native if layout == "fused" else split_fused_experts(native)
     elif path == "bridge":
-        yield from _bridge_export(chunks, bridge)
+        yield from _bridge_export(chunks, bridge, layout)
     else:
         yield from _megatron_export(chunks)
 

@@ -103,3 +103,55 @@ def test_every_non_finite_weight_is_counted_and_the_first_named(megatron_cpu, cp
     with pytest.raises(QATExportError, match=r"1 more weights") as error:
         list(export_qat_weights([model]))
     assert error.value.parameter == f"{first}.weight"
+
+
+def _train_one_step(model) -> None:
+    """One SGD step through the QAT forward and backward: such a model trains (ModelOpt pads the last block)."""
+    from qat_fixtures import batch
+
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0)
+    model(**batch()).float().mean().backward()
+    optimizer.step()
+    assert any(not torch.equal(before[n], p) for n, p in model.named_parameters())
+
+
+@pytest.mark.parametrize(("overrides", "layer", "columns"), [
+    pytest.param({"hidden_size": 72, "num_attention_heads": 4, "num_query_groups": 2},
+                 "decoder.layers.0.self_attention.linear_proj", 72, id="hidden-72"),
+    pytest.param({"ffn_hidden_size": 136}, "decoder.layers.0.mlp.linear_fc2", 136, id="ffn-136"),
+    pytest.param({"num_moe_experts": 4, "moe_router_topk": 2, "moe_ffn_hidden_size": 40},
+                 "decoder.layers.0.mlp.experts.local_experts.0.linear_fc2", 40, id="expert-ffn-40"),
+])
+def test_a_weight_without_whole_nvfp4_blocks_is_named_before_the_first_tensor(
+    megatron_cpu, cpu_backend, overrides, layer, columns
+):
+    """Issue 25: hidden size 72 trained under QAT, then the export streamed 4 tensors and raised an
+    untyped ValueError naming no layer. The shapes are checked when export_qat_weights is called."""
+    moe = "num_moe_experts" in overrides
+    model = qat(build_gpt(moe, **overrides))
+    _train_one_step(model)
+    with pytest.raises(QATExportError, match=rf"input dimension of {columns}, not a multiple of the NVFP4 block "
+                                             r"size 16") as error:
+        export_qat_weights([model])  # raises here: no generator is handed out
+    assert (error.value.layer, error.value.parameter) == (layer, f"{layer}.weight")
+    assert dict(model.named_modules())[layer].weight.shape[-1] == columns
+    with pytest.raises(QATExportError, match="input dimension") as error:
+        export_qat_config([model])
+    assert error.value.layer == layer
+
+
+@pytest.mark.parametrize("layout", ["per-expert", "Fused", None, 0])
+def test_an_unknown_expert_layout_is_refused(megatron_cpu, cpu_backend, layout):
+    model = qat(build_gpt(True))
+    with pytest.raises(QATExportError, match="unknown expert_layout.*'per_expert', 'fused'"):
+        export_qat_weights([model], expert_layout=layout)
+
+
+def test_a_fused_expert_layout_needs_hugging_face_names(megatron_cpu, cpu_backend):
+    model = qat(build_gpt(True))
+    with pytest.raises(QATExportError, match="needs Hugging Face names"):
+        export_qat_weights([model], expert_layout="fused")
+    names = [name for name, _ in export_qat_weights([model], expert_layout="per_expert")]
+    assert names == [name for name, _ in export_qat_weights([model])]
+    assert "decoder.layers.0.mlp.experts.local_experts.3.linear_fc1.weight_scale_2" in names
