@@ -77,3 +77,36 @@ def test_routing_replay_keyword_check_fails_with_upstreams_init():
         verdict = _verdict("megatron.routing_replay_keyword")
     assert verdict.verdict == FAILED
     assert "TransformerConfig accepts enable_routing_replay=True: expected a config, found TypeError" in verdict.message
+
+
+# --- megatron.output_processor ---
+
+
+def test_output_processor_check_is_verified():
+    with patchkit.applied("megatron.output_processor"):
+        verdict = _verdict("megatron.output_processor")
+    assert verdict.verdict == VERIFIED, verdict.message
+
+
+@pytest.mark.breaks("megatron.output_processor")
+def test_output_processor_check_fails_without_the_hook(monkeypatch):
+    """0.14-0.17: upstream's forward back (TypeError). 0.18+ (native): a forward that ignores the hook."""
+    from megatron.core.models.gpt.gpt_model import GPTModel
+
+    with patchkit.applied("megatron.output_processor") as (status,):
+        if status.to_dict()["reason"] == "native":
+            native = GPTModel.forward
+
+            def forward_ignoring_the_hook(self, *args, output_processor=None, output_processor_context=None, **kw):
+                return native(self, *args, **kw)
+
+            monkeypatch.setattr(GPTModel, "forward", forward_ignoring_the_hook)
+            verdict = _verdict("megatron.output_processor")
+            expected = "with an output_processor the output layer never runs (no full logits): expected 0, found 1"
+        else:
+            with upstream_behaviour("megatron.output_processor"):
+                verdict = _verdict("megatron.output_processor")
+            expected = "GPTModel.forward takes output_processor and output_processor_context: expected the " \
+                       "processor's result, found TypeError"
+    assert verdict.verdict == FAILED
+    assert expected in verdict.message
