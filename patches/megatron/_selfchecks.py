@@ -359,3 +359,137 @@ def check_moe_alltoall_replay_token_count(context: CheckContext) -> None:
         expect(counts == [tokens] * len(counts), "the all-to-all dispatcher's num_out_tokens under a replay "
                "that repeats an expert is the rows the routing map holds", [tokens] * len(counts), counts)
         expect(bool(torch.isfinite(loss).all()), "the replayed forward's loss is finite", "finite", "non-finite")
+
+
+# --- megatron.tms_hook_mode ---
+
+
+def _tms_outcome(module_name: str, code: Any, saver: Any) -> str:
+    from ._tms_hook_mode_probe import pending_hook_mode, run_statement
+
+    try:
+        run_statement(module_name, code, saver)
+    except Exception as exc:
+        return _first_line(exc)
+    return str(pending_hook_mode(saver))
+
+
+def check_tms_hook_mode(context: CheckContext) -> None:
+    """megatron-core's import-time ``hook_mode`` statements, run from the installed files, keep the
+    process's torch_memory_saver mode: a mode set before stays, LD_PRELOAD's preload stays, an
+    initialised saver is left alone (no error); with nothing chosen, megatron's ``"torch"`` applies.
+    On a release that has no such statement (native, before 0.16) there is nothing to keep."""
+    from ._tms_hook_mode_probe import fresh_saver, hook_mode_statements, ld_preload
+
+    statements = {name: codes for name, codes in hook_mode_statements().items() if codes}
+    if not statements:
+        return  # nothing in this release sets the hook mode at import
+    for module_name, codes in statements.items():
+        for code in codes:
+            with ld_preload(False):
+                kept = _tms_outcome(module_name, code, _preset(fresh_saver(), "preload"))
+                expect(kept == "preload", f"importing {module_name} keeps a hook mode set before it",
+                       "preload", kept)
+                initialised = _tms_outcome(module_name, code, fresh_saver(initialised_as="preload"))
+                expect(initialised == "None", f"importing {module_name} after torch_memory_saver was "
+                       "initialised leaves the saver alone", "no error, nothing pending", initialised)
+                chosen_by_megatron = _tms_outcome(module_name, code, fresh_saver())
+                expect(chosen_by_megatron == "torch", f"importing {module_name} with no mode chosen "
+                       "sets megatron's own", "torch", chosen_by_megatron)
+            with ld_preload(True):
+                preload = _tms_outcome(module_name, code, fresh_saver())
+                expect(preload == "None", f"importing {module_name} under LD_PRELOAD of torch_memory_saver's "
+                       "preload library keeps the preload default", "None (preload default)", preload)
+
+
+def _preset(saver: Any, mode: str) -> Any:
+    saver.hook_mode = mode
+    return saver
+
+
+# --- megatron.routing_replay_keyword ---
+
+_MOE_CONFIG = dict(num_layers=2, hidden_size=64, num_attention_heads=4, num_moe_experts=8, moe_router_topk=2,
+                   use_cpu_initialization=True, add_bias_linear=False)
+
+
+def check_routing_replay_keyword(context: CheckContext) -> None:
+    """``TransformerConfig(enable_routing_replay=True)`` builds, sets ``moe_enable_routing_replay``, shows
+    the keyword in the signature, keeps upstream's dataclass fields, and refuses a contradicting pair."""
+    import dataclasses
+    import inspect
+
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from ._routing_replay_keyword_alias import RoutingReplayKeywordConflict
+
+    try:
+        config = TransformerConfig(**_MOE_CONFIG, enable_routing_replay=True)
+    except TypeError as exc:
+        raise SelfCheckFailed("TransformerConfig accepts enable_routing_replay=True", "a config",
+                              _first_line(exc)) from exc
+    expect(getattr(config, "moe_enable_routing_replay", None) is True,
+           "enable_routing_replay=True sets moe_enable_routing_replay", True,
+           getattr(config, "moe_enable_routing_replay", "no such attribute"))
+    expect(getattr(config, "enable_routing_replay", None) is True, "config.enable_routing_replay reads the switch",
+           True, getattr(config, "enable_routing_replay", "no such attribute"))
+    expect("enable_routing_replay" in inspect.signature(TransformerConfig.__init__).parameters,
+           "TransformerConfig.__init__'s signature names enable_routing_replay", "the parameter", "none")
+    names = [f.name for f in dataclasses.fields(TransformerConfig)]
+    expect("enable_routing_replay" not in names, "upstream's dataclass fields are unchanged (no new field)",
+           "no enable_routing_replay field", "a field")
+    try:
+        TransformerConfig(**_MOE_CONFIG, enable_routing_replay=True, moe_enable_routing_replay=False)
+    except RoutingReplayKeywordConflict:
+        pass
+    except Exception as exc:
+        raise SelfCheckFailed("enable_routing_replay=True with moe_enable_routing_replay=False raises",
+                              "RoutingReplayKeywordConflict", _first_line(exc)) from exc
+    else:
+        raise SelfCheckFailed("enable_routing_replay=True with moe_enable_routing_replay=False raises",
+                              "RoutingReplayKeywordConflict", "a config")
+
+
+# --- megatron.output_processor ---
+
+
+def check_output_processor(context: CheckContext) -> None:
+    """``forward(output_processor=...)`` on a tiny GPT: the processor gets the hidden states and the
+    output weight, the output layer never runs (no full logits), and its chunked log-probs equal those
+    from upstream's full logits."""
+    from ._output_processor_probe import (
+        LogProbContext,
+        OutputLayerCalls,
+        build_gpt,
+        chunked_label_log_probs,
+        label_log_probs_from_logits,
+    )
+
+    with megatron_on(context.device), torch.no_grad():
+        model = build_gpt(True, SEQ_LEN, VOCAB_SIZE).to(context.device)
+        batch = make_batch().to(context.device)
+        expected = label_log_probs_from_logits(_forward(model, batch, labels=False), batch.labels)
+        seen = LogProbContext(chunk=4)
+        calls = OutputLayerCalls(model)
+        try:
+            result = model(batch.input_ids, batch.position_ids, batch.attention_mask, labels=batch.labels,
+                           output_processor=chunked_label_log_probs, output_processor_context=seen)
+        except TypeError as exc:
+            raise SelfCheckFailed("GPTModel.forward takes output_processor and output_processor_context",
+                                  "the processor's result", _first_line(exc)) from exc
+        finally:
+            calls.remove()
+        expect(calls.count == 0, "with an output_processor the output layer never runs (no full logits)",
+               0, calls.count)
+        hidden = seen.received.get("hidden_states")
+        shape = None if hidden is None else tuple(hidden.shape)
+        expect(shape == (SEQ_LEN, BATCH_SIZE, 64), "the processor receives the decoder's hidden states "
+               "[seq, batch, hidden]", (SEQ_LEN, BATCH_SIZE, 64), shape)
+        expect(seen.received.get("output_weight") is model.shared_embedding_or_output_weight(),
+               "the processor receives the tied output weight", "the shared embedding weight",
+               type(seen.received.get("output_weight")).__name__)
+        shape = tuple(getattr(result, "shape", ()))
+        expect(shape == (BATCH_SIZE, SEQ_LEN), "forward returns the processor's result", (BATCH_SIZE, SEQ_LEN), shape)
+        difference = float((result - expected).abs().max())
+        expect(difference <= 1e-5, "chunked log-probs equal those from the full logits (max difference)",
+               "<= 1e-5", f"{difference:.3g}")

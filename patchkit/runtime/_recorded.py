@@ -229,6 +229,28 @@ RECORDS = {
             )),
         ),
     },
+    'megatron.output_processor': {
+        'forward-keywords': (
+            ((('megatron-core', '0.14.0'),), 'verified', (
+                ('megatron.core.models.gpt.gpt_model:GPTModel.forward', '3ee3c6253b571664'),
+            )),
+            ((('megatron-core', '0.15.3'),), 'verified', (
+                ('megatron.core.models.gpt.gpt_model:GPTModel.forward', '6a6804898829f9cd'),
+            )),
+            ((('megatron-core', '0.16.1'),), 'verified', (
+                ('megatron.core.models.gpt.gpt_model:GPTModel.forward', 'b8695e940042677c'),
+            )),
+            ((('megatron-core', '0.17.1'),), 'verified', (
+                ('megatron.core.models.gpt.gpt_model:GPTModel.forward', '975e7893b41792aa'),
+            )),
+        ),
+        'native-0.18': (
+            ((('megatron-core', '0.18.2'),), 'native', (
+            )),
+            ((('megatron-core', '0.19.2'),), 'native', (
+            )),
+        ),
+    },
     'megatron.router_replay': {
         "megatron-core>=0.14,<0.16: backport of 0.16's replay onto TopKRouter": (
             ((('megatron-core', '0.14.0'),), 'verified', (
@@ -273,6 +295,24 @@ RECORDS = {
             )),
         ),
     },
+    'megatron.routing_replay_keyword': {
+        'attribute-after-init': (
+            ((('megatron-core', '0.14.0'),), 'verified', (
+            )),
+            ((('megatron-core', '0.15.3'),), 'verified', (
+            )),
+        ),
+        'field-keyword': (
+            ((('megatron-core', '0.16.1'),), 'verified', (
+            )),
+            ((('megatron-core', '0.17.1'),), 'verified', (
+            )),
+            ((('megatron-core', '0.18.2'),), 'verified', (
+            )),
+            ((('megatron-core', '0.19.2'),), 'verified', (
+            )),
+        ),
+    },
     'megatron.swiglu_singleton_local_shards': {
         'megatron-core>=0.14.0rc0': (
             ((('megatron-core', '0.14.0'),), 'native', (
@@ -286,6 +326,28 @@ RECORDS = {
             ((('megatron-core', '0.18.2'),), 'native', (
             )),
             ((('megatron-core', '0.19.2'),), 'native', (
+            )),
+        ),
+    },
+    'megatron.tms_hook_mode': {
+        'keep-process-hook-mode': (
+            ((('megatron-core', '0.16.1'), ('torch-memory-saver', '0.0.10')), 'verified', (
+                ('torch_memory_saver.entrypoint:TorchMemorySaver.hook_mode', '92ef3266c15dc93a'),
+            )),
+            ((('megatron-core', '0.17.1'), ('torch-memory-saver', '0.0.10')), 'verified', (
+                ('torch_memory_saver.entrypoint:TorchMemorySaver.hook_mode', '92ef3266c15dc93a'),
+            )),
+            ((('megatron-core', '0.18.2'), ('torch-memory-saver', '0.0.10')), 'verified', (
+                ('torch_memory_saver.entrypoint:TorchMemorySaver.hook_mode', '92ef3266c15dc93a'),
+            )),
+            ((('megatron-core', '0.19.2'), ('torch-memory-saver', '0.0.10')), 'verified', (
+                ('torch_memory_saver.entrypoint:TorchMemorySaver.hook_mode', '92ef3266c15dc93a'),
+            )),
+        ),
+        'native-before-0.16': (
+            ((('megatron-core', '0.14.0'), ('torch-memory-saver', '0.0.10')), 'native', (
+            )),
+            ((('megatron-core', '0.15.3'), ('torch-memory-saver', '0.0.10')), 'native', (
             )),
         ),
     },

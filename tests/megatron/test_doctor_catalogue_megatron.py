@@ -1,0 +1,112 @@
+"""`patchkit doctor` for the Megatron-Core catalogue patches added from the RL frameworks' inventory
+(issue 24): each self-check is verified on the installed release, and fails when the patch is
+bypassed (upstream's code back while the status says applied) or, for a native claim, when
+upstream's behaviour is taken away."""
+
+from __future__ import annotations
+
+import pytest
+
+import patchkit
+from patchkit.doctor import FAILED, VERIFIED, run
+from patchkit.selfcheck import patches_as_they_were, upstream_behaviour
+
+
+@pytest.fixture(autouse=True)
+def _doctor_leaves_no_patch_applied():
+    with patches_as_they_were():
+        yield
+
+
+def _verdict(patch_id: str):
+    (verdict,) = run([patch_id], device="cpu")[0]
+    return verdict
+
+
+# --- megatron.tms_hook_mode ---
+
+FORCING_STATEMENT = '''
+try:
+    from torch_memory_saver import torch_memory_saver
+
+    torch_memory_saver.hook_mode = "torch"
+    HAVE_TORCH_MEMORY_SAVER = True
+except ImportError:
+    HAVE_TORCH_MEMORY_SAVER = False
+'''
+
+
+def test_tms_hook_mode_check_is_verified():
+    pytest.importorskip("torch_memory_saver")
+    with patchkit.applied("megatron.tms_hook_mode"):
+        verdict = _verdict("megatron.tms_hook_mode")
+    assert verdict.verdict == VERIFIED, verdict.message
+
+
+@pytest.mark.breaks("megatron.tms_hook_mode")
+def test_tms_hook_mode_check_fails_with_upstreams_setter(monkeypatch):
+    """0.16+: torch_memory_saver's own setter back. 0.14/0.15 (native): the release given 0.16's statement."""
+    pytest.importorskip("torch_memory_saver")
+    from patchkit.patches.megatron import _tms_hook_mode_probe as probe
+
+    with patchkit.applied("megatron.tms_hook_mode") as (status,):
+        if status.to_dict()["reason"] == "native":
+            monkeypatch.setattr(probe, "installed_source",
+                                lambda name: ("<0.16 dynamic_context>", FORCING_STATEMENT)
+                                if name.endswith("dynamic_context") else None)
+            verdict = _verdict("megatron.tms_hook_mode")
+        else:
+            with upstream_behaviour("megatron.tms_hook_mode"):
+                verdict = _verdict("megatron.tms_hook_mode")
+    assert verdict.verdict == FAILED
+    assert "keeps a hook mode set before it: expected preload, found torch" in verdict.message
+
+
+# --- megatron.routing_replay_keyword ---
+
+
+def test_routing_replay_keyword_check_is_verified():
+    with patchkit.applied("megatron.routing_replay_keyword"):
+        verdict = _verdict("megatron.routing_replay_keyword")
+    assert verdict.verdict == VERIFIED, verdict.message
+
+
+@pytest.mark.breaks("megatron.routing_replay_keyword")
+def test_routing_replay_keyword_check_fails_with_upstreams_init():
+    with patchkit.applied("megatron.routing_replay_keyword"), upstream_behaviour("megatron.routing_replay_keyword"):
+        verdict = _verdict("megatron.routing_replay_keyword")
+    assert verdict.verdict == FAILED
+    assert "TransformerConfig accepts enable_routing_replay=True: expected a config, found TypeError" in verdict.message
+
+
+# --- megatron.output_processor ---
+
+
+def test_output_processor_check_is_verified():
+    with patchkit.applied("megatron.output_processor"):
+        verdict = _verdict("megatron.output_processor")
+    assert verdict.verdict == VERIFIED, verdict.message
+
+
+@pytest.mark.breaks("megatron.output_processor")
+def test_output_processor_check_fails_without_the_hook(monkeypatch):
+    """0.14-0.17: upstream's forward back (TypeError). 0.18+ (native): a forward that ignores the hook."""
+    from megatron.core.models.gpt.gpt_model import GPTModel
+
+    with patchkit.applied("megatron.output_processor") as (status,):
+        if status.to_dict()["reason"] == "native":
+            native = GPTModel.forward
+
+            def forward_ignoring_the_hook(self, *args, output_processor=None, output_processor_context=None, **kw):
+                return native(self, *args, **kw)
+
+            monkeypatch.setattr(GPTModel, "forward", forward_ignoring_the_hook)
+            verdict = _verdict("megatron.output_processor")
+            expected = "with an output_processor the output layer never runs (no full logits): expected 0, found 1"
+        else:
+            with upstream_behaviour("megatron.output_processor"):
+                verdict = _verdict("megatron.output_processor")
+            expected = "GPTModel.forward takes output_processor and output_processor_context: expected the " \
+                       "processor's result, found TypeError"
+    assert verdict.verdict == FAILED
+    assert expected in verdict.message
