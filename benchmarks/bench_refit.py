@@ -39,6 +39,7 @@ backend); the CPU harness of ``tests/vllm/conftest.py`` is reused for kernel reg
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -126,8 +127,12 @@ def main() -> None:
     import cpu_harness
 
     cpu_harness.select_cpu_platform()
-    with tempfile.TemporaryDirectory() as tmp, cpu_harness.vllm_cpu_config(Path(tmp)) as config, \
-            cpu_harness.cpu_nvfp4_kernels():
+    from vllm.platforms import current_platform
+
+    # With vLLM's CUDA kernels present, both sides use what vLLM picks (Marlin on Hopper); the
+    # emulation stand-ins are for a vLLM without them.
+    kernels = contextlib.nullcontext() if current_platform.is_cuda() else cpu_harness.cpu_nvfp4_kernels()
+    with tempfile.TemporaryDirectory() as tmp, cpu_harness.vllm_cpu_config(Path(tmp)) as config, kernels:
         run(args, config)
 
 
@@ -232,6 +237,10 @@ def run(args: argparse.Namespace, config: Any) -> None:
         **({"first_load_from_host_s": round(statistics.median(host_times), 4),
             "ratio_to_host_load": round(refit / statistics.median(host_times), 3)} if host_times else {}),
         "torch_threads": torch.get_num_threads(),
+        # what vLLM chose for these layers: the refit re-runs the same processing (e.g. Marlin's repack)
+        "linear_kernel": type(getattr(model.layers[0].quant_method, "kernel", None)).__name__,
+        **({"moe_backend": getattr(getattr(model.moe.routed.quant_method, "nvfp4_backend", None), "value", None)}
+           if args.experts else {}),
         "kernel_tensors": len(before),
         "reallocated": moved,
     }
