@@ -23,7 +23,7 @@ none. ``--device cuda`` builds the layers on the GPU and feeds both sides GPU te
 refit), synchronising before each clock read; it also times a first load from host tensors
 (``first_load_from_host_s``), which is how vLLM's loader reads a checkpoint. vLLM must import there
 without its CUDA extensions (a build marked ``+cpu``), so its platform is CPU and the layers use the
-emulation kernels and backends of ``tests/vllm/cpu_harness.py``; both sides run the same loaders and
+emulation kernels and backends of ``tests/vllm/vllm_cpu_harness.py``; both sides run the same loaders and
 processing on the GPU tensors. How the README's H200 figures were made: vLLM 0.24's Python files
 (its ``site-packages/vllm`` without ``*.so``, and the packages it imports that the machine lacks)
 were unpacked on the GPU machine with ``+cpu`` added to the version in ``vllm/_version.py`` and in
@@ -124,7 +124,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    import cpu_harness
+    import vllm_cpu_harness as cpu_harness
 
     cpu_harness.select_cpu_platform()
     from vllm.platforms import current_platform
