@@ -23,7 +23,7 @@ none. ``--device cuda`` builds the layers on the GPU and feeds both sides GPU te
 refit), synchronising before each clock read; it also times a first load from host tensors
 (``first_load_from_host_s``), which is how vLLM's loader reads a checkpoint. vLLM must import there
 without its CUDA extensions (a build marked ``+cpu``), so its platform is CPU and the layers use the
-emulation kernels and backends of ``tests/vllm/cpu_harness.py``; both sides run the same loaders and
+emulation kernels and backends of ``tests/vllm/vllm_cpu_harness.py``; both sides run the same loaders and
 processing on the GPU tensors. How the README's H200 figures were made: vLLM 0.24's Python files
 (its ``site-packages/vllm`` without ``*.so``, and the packages it imports that the machine lacks)
 were unpacked on the GPU machine with ``+cpu`` added to the version in ``vllm/_version.py`` and in
@@ -39,6 +39,7 @@ backend); the CPU harness of ``tests/vllm/conftest.py`` is reused for kernel reg
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -123,11 +124,15 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    import cpu_harness
+    import vllm_cpu_harness as cpu_harness
 
     cpu_harness.select_cpu_platform()
-    with tempfile.TemporaryDirectory() as tmp, cpu_harness.vllm_cpu_config(Path(tmp)) as config, \
-            cpu_harness.cpu_nvfp4_kernels():
+    from vllm.platforms import current_platform
+
+    # With vLLM's CUDA kernels present, both sides use what vLLM picks (Marlin on Hopper); the
+    # emulation stand-ins are for a vLLM without them.
+    kernels = contextlib.nullcontext() if current_platform.is_cuda() else cpu_harness.cpu_nvfp4_kernels()
+    with tempfile.TemporaryDirectory() as tmp, cpu_harness.vllm_cpu_config(Path(tmp)) as config, kernels:
         run(args, config)
 
 
@@ -232,6 +237,10 @@ def run(args: argparse.Namespace, config: Any) -> None:
         **({"first_load_from_host_s": round(statistics.median(host_times), 4),
             "ratio_to_host_load": round(refit / statistics.median(host_times), 3)} if host_times else {}),
         "torch_threads": torch.get_num_threads(),
+        # what vLLM chose for these layers: the refit re-runs the same processing (e.g. Marlin's repack)
+        "linear_kernel": type(getattr(model.layers[0].quant_method, "kernel", None)).__name__,
+        **({"moe_backend": getattr(getattr(model.moe.routed.quant_method, "nvfp4_backend", None), "value", None)}
+           if args.experts else {}),
         "kernel_tensors": len(before),
         "reallocated": moved,
     }

@@ -192,10 +192,14 @@ def restore_method_state(method: Any, saved: dict[str, Any]) -> None:
 
 
 def clear_tensors(layer: torch.nn.Module, keep: frozenset[str] = UNPROCESSED_PARAMS) -> None:
-    """Remove every parameter, buffer and plain tensor attribute except ``keep``."""
-    for name in [n for n in layer._parameters if n not in keep]:
+    """Remove every parameter, buffer and plain tensor attribute except ``keep``.
+
+    Slots registered as ``None`` hold no tensor and stay: vLLM's fused-MoE layer reads its
+    ``_expert_map`` buffer, ``None`` without expert parallelism, on every forward.
+    """
+    for name in [n for n, p in layer._parameters.items() if n not in keep and p is not None]:
         del layer._parameters[name]
-    for name in [n for n in layer._buffers if n not in keep]:
+    for name in [n for n, b in layer._buffers.items() if n not in keep and b is not None]:
         del layer._buffers[name]
         layer._non_persistent_buffers_set.discard(name)
     for name in [

@@ -3,20 +3,18 @@
 Environment: compat_matrix.yaml ``e2e-vllm-0.29`` (Python 3.11, torch 2.13.0, megatron-core 0.16.1,
 ModelOpt 0.47.0, vLLM 0.29.0, ``VLLM_TARGET_DEVICE=cpu``).
 
-Both harnesses are reused unchanged: ``tests/vllm/cpu_harness.py`` (vLLM's NVFP4 emulation kernels
+Both harnesses are reused unchanged: ``tests/vllm/vllm_cpu_harness.py`` (vLLM's NVFP4 emulation kernels
 registered for the CPU platform; read its docstring) and the Megatron CPU stand-ins with patchkit's
 CPU fake-quant backend (``tests/modelopt/qat_fixtures.py``). Both sides share one gloo process group
 of one rank: vLLM's ``init_distributed_environment`` starts it, Megatron's parallel state is built on
 top of it, and neither is torn down before the session ends (tearing Megatron's down would destroy
-the group vLLM's groups were made from). Two modules are called ``cpu_harness`` (tests/vllm and
-tests/megatron): the vLLM one is loaded here under the name ``vllm_cpu_harness``. Run tests/e2e in
+the group vLLM's groups were made from). Run tests/e2e in
 its own pytest session (as its environment does): tests/export's fixtures destroy the process group
 after each test, and tests/vllm starts its own vLLM distributed state.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,17 +30,8 @@ for folder in ("e2e", "export", "modelopt", "vllm"):
     if str(TESTS / folder) not in sys.path:
         sys.path.insert(0, str(TESTS / folder))
 
+import vllm_cpu_harness  # noqa: E402
 
-def _load_vllm_harness():
-    spec = importlib.util.spec_from_file_location("vllm_cpu_harness", TESTS / "vllm" / "cpu_harness.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["vllm_cpu_harness"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-vllm_cpu_harness = _load_vllm_harness()
 vllm_cpu_harness.select_cpu_platform()
 
 from qat_fixtures import cpu_backend  # noqa: E402,F401  (the CPU fake-quant backend fixture)

@@ -3,7 +3,7 @@
 The vLLM model is what that example assumes: started for the exported quantization config (vLLM's
 ``ModelOptNvFp4Config.from_config`` of ``export_qat_config(...)["hf_quant_config"]``, so
 ``W4A16_NVFP4`` layers) with ``load_format="dummy"``. W4A16 layers use Marlin, CUDA-only in vLLM;
-``cpu_marlin_layout`` (tests/vllm/cpu_harness.py) lets vLLM build and process them on CPU with a
+``cpu_marlin_layout`` (tests/vllm/vllm_cpu_harness.py) lets vLLM build and process them on CPU with a
 stand-in for Marlin's repack, so no forward runs here. What is checked: the example runs, every
 kernel tensor afterwards equals vLLM's own first load of the same exported tensors bit for bit (so
 the refit is vLLM's load, whatever the kernel format), and addresses are kept over alternating

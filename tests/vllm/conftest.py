@@ -1,34 +1,58 @@
-"""Fixtures for the vLLM tests: real vLLM on CPU, set up by ``cpu_harness`` (read it for what the
-harness changes). Environment: compat_matrix.yaml ``vllm-0.24`` / ``vllm-0.33``."""
+"""Fixtures for the vLLM tests: real vLLM on CPU, set up by ``vllm_cpu_harness`` (read it for what the
+harness changes). Environment: compat_matrix.yaml ``vllm-0.24`` / ``vllm-0.33``.
+
+Without vLLM (or torch) installed, every test module here is reported skipped: the modules are not
+imported, and this conftest imports neither. A skip raised while pytest loads a conftest would
+abort ``pytest tests/vllm`` instead.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-pytest.importorskip("vllm")
+try:
+    import vllm  # noqa: F401
+except ImportError as missing:
+    _VLLM_MISSING: ImportError | None = missing
+else:
+    _VLLM_MISSING = None
 
-import cpu_harness  # noqa: E402
 
-cpu_harness.select_cpu_platform()
+class _SkippedWithoutVllm(pytest.Module):
+    def collect(self) -> list[pytest.Item]:
+        pytest.skip(f"vLLM is not installed ({_VLLM_MISSING})")
+
+
+def pytest_pycollect_makemodule(module_path: Path, parent: pytest.Collector) -> pytest.Module | None:
+    if _VLLM_MISSING is None:
+        return None
+    return _SkippedWithoutVllm.from_parent(parent, path=module_path)
+
+
+if _VLLM_MISSING is None:
+    import vllm_cpu_harness
+
+    vllm_cpu_harness.select_cpu_platform()
 
 
 @pytest.fixture(scope="session")
 def vllm_config(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    with cpu_harness.vllm_cpu_config(tmp_path_factory.mktemp("tiny-llama")) as config:
+    with vllm_cpu_harness.vllm_cpu_config(tmp_path_factory.mktemp("tiny-llama")) as config:
         yield config
 
 
 @pytest.fixture(scope="session")
 def cpu_nvfp4_kernels(vllm_config: object) -> Iterator[None]:
-    with cpu_harness.cpu_nvfp4_kernels():
+    with vllm_cpu_harness.cpu_nvfp4_kernels():
         yield
 
 
 @pytest.fixture
 def cpu_marlin_layout(cpu_nvfp4_kernels: None) -> Iterator[None]:
-    with cpu_harness.cpu_marlin_layout():
+    with vllm_cpu_harness.cpu_marlin_layout():
         yield
 
 

@@ -1,0 +1,92 @@
+"""On a CUDA GPU with TransformerEngine: QAT on megatron-core's TransformerEngine layer spec.
+
+Every RL framework trains Megatron with TE layers (verl and slime pin TE 2.16.1, NeMo-RL 2.14.1).
+Marked ``gpu``; skipped without CUDA or without a real TransformerEngine. A tiny dense GPT and a
+tiny MoE GPT (with an MTP layer) are built with ``get_gpt_layer_with_transformer_engine_spec``;
+``apply_qat`` (ModelOpt's TE plugin, its CUDA kernel) quantizes the TE linears, including the
+fused ``TELayerNormColumnParallelLinear``; forward and backward run and every quantized weight is
+on the NVFP4 grid.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is None
+                       or importlib.util.find_spec("transformer_engine_torch") is None,
+                       reason="needs a real TransformerEngine (transformer_engine_torch)"),
+]
+
+
+@pytest.fixture
+def megatron_gpu() -> Iterator[None]:
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    if not torch.distributed.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29518")
+        torch.distributed.init_process_group("nccl", rank=0, world_size=1)
+    torch.cuda.set_device(0)
+    parallel_state.initialize_model_parallel()
+    model_parallel_cuda_manual_seed(1234)
+    try:
+        yield
+    finally:
+        parallel_state.destroy_model_parallel()
+        torch.distributed.destroy_process_group()
+
+
+def build_te_gpt(num_experts: int | None) -> Any:
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_layer_with_transformer_engine_spec,
+        get_gpt_mtp_block_spec,
+    )
+    from megatron.core.transformer import TransformerConfig
+    from qat_fixtures import SEQ_LEN, VOCAB_SIZE
+
+    config = TransformerConfig(
+        num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, hidden_dropout=0.0,
+        attention_dropout=0.0, num_moe_experts=num_experts, moe_router_topk=2 if num_experts else None,
+        add_bias_linear=False, mtp_num_layers=1 if num_experts else None, mtp_loss_scaling_factor=0.1,
+        params_dtype=torch.float32,
+    )
+    spec = get_gpt_layer_with_transformer_engine_spec(num_experts=num_experts, moe_grouped_gemm=False)
+    mtp = get_gpt_mtp_block_spec(config, spec, use_transformer_engine=True) if num_experts else None
+    torch.manual_seed(0)
+    return GPTModel(config, spec, vocab_size=VOCAB_SIZE, max_sequence_length=SEQ_LEN, mtp_block_spec=mtp).cuda()
+
+
+@pytest.mark.parametrize("num_experts", [None, 4], ids=["dense", "moe"])
+def test_qat_on_the_transformer_engine_spec_trains(megatron_gpu: None, num_experts: int | None) -> None:
+    from modelopt.torch.quantization.nn import TensorQuantizer
+    from patchkit.patches.modelopt.qat import apply_qat
+    from qat_fixtures import assert_blocks_on_fp4_grid, batch
+
+    model = build_te_gpt(num_experts)
+    qkv = model.decoder.layers[0].self_attention.linear_qkv
+    assert type(qkv).__name__ == "TELayerNormColumnParallelLinear"
+    apply_qat(model, backend=None)
+    enabled = [n for n, m in model.named_modules()
+               if n.endswith("weight_quantizer") and isinstance(m, TensorQuantizer) and m.is_enabled]
+    assert "decoder.layers.0.self_attention.linear_qkv.weight_quantizer" in enabled, enabled
+    assert not any(n.startswith(("output_layer", "mtp.")) for n in enabled)
+    inputs = {k: v.cuda() for k, v in batch().items()}
+    loss = model(**inputs)
+    assert torch.isfinite(loss).all()
+    loss.float().mean().backward()
+    assert qkv.weight.grad is not None and qkv.weight.grad.abs().sum() > 0
+    for name in enabled:
+        module = model.get_submodule(name.rsplit(".", 1)[0])
+        with torch.no_grad():
+            assert_blocks_on_fp4_grid(module.weight.float().cpu(), module.weight_quantizer(module.weight).float().cpu())

@@ -1,0 +1,218 @@
+"""vLLM ModelOpt NVFP4 layers on a GPU with vLLM's own CUDA kernels, for the ``gpu``-marked tests.
+
+Shared by ``test_marlin_w4a16_gpu.py`` and ``test_refit_gpu.py``. Sizes suit Marlin (output
+features a multiple of 64, input features a multiple of 128). The references use no vLLM code: the
+checkpoint is dequantised by ``_nvfp4_checkpoint.dequantize`` and multiplied in float32.
+
+The bound: Marlin multiplies bf16 activations by the weight dequantised to bf16, accumulates in
+float32 and rounds the output to bf16. Each of those roundings is at most 2^-8 relative, so per output
+element ``|out - ref| <= 2^-7 * (|x| @ |W|^T) + 2^-8 * |ref|`` (``ref`` the float32 product of the
+same bf16 activations and the exactly dequantised weight). The MoE layer adds SiLU-and-multiply of
+two such products and a second GEMM on the bf16 result; its bound is ``2^-6`` times the same
+expression taken on absolute values through both GEMMs, plus ``2^-8 * |ref|``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Iterator
+
+import torch
+from moe_helpers import load_experts_by_mapping
+from nvfp4_helpers import dequantize, export_nvfp4, items, process_weights_after_loading
+
+HIDDEN, INTERMEDIATE, EXPERTS, TOP_K = 256, 512, 4, 2
+MOE_INTERMEDIATE = 256
+
+_model_numbers = itertools.count()
+
+
+class DenseLayers(torch.nn.Module):
+    """``up`` (ColumnParallelLinear HIDDEN -> INTERMEDIATE) and ``down`` (RowParallelLinear back), bf16."""
+
+    def __init__(self, quant_algo: str = "NVFP4") -> None:
+        from vllm.model_executor.layers.linear import ColumnParallelLinear, RowParallelLinear
+        from vllm.model_executor.layers.quantization.modelopt import ModelOptNvFp4Config
+
+        super().__init__()
+        quant_config = ModelOptNvFp4Config(quant_algo, True, None, [], 16)
+        self.quant_method_name = quant_config.quant_method
+        self.up = ColumnParallelLinear(HIDDEN, INTERMEDIATE, bias=False, quant_config=quant_config, prefix="up",
+                                       params_dtype=torch.bfloat16)
+        self.down = RowParallelLinear(INTERMEDIATE, HIDDEN, bias=False, quant_config=quant_config, prefix="down",
+                                      params_dtype=torch.bfloat16)
+
+    def load_weights(self, weights):
+        from vllm.model_executor.models.utils import AutoWeightsLoader
+
+        return AutoWeightsLoader(self).load_weights(weights)
+
+
+class MoELayer(torch.nn.Module):
+    """vLLM's fused-MoE layer (its factory, ModelOpt NVFP4 config), bf16, loaded by expert mapping."""
+
+    def __init__(self, quant_algo: str = "NVFP4") -> None:
+        from vllm.model_executor.layers import fused_moe
+        from vllm.model_executor.layers.quantization.modelopt import ModelOptNvFp4Config
+
+        super().__init__()
+        factory = getattr(fused_moe, "FusedMoEFactory", None) or fused_moe.FusedMoE
+        self.experts = factory(
+            num_experts=EXPERTS, top_k=TOP_K, hidden_size=HIDDEN, intermediate_size=MOE_INTERMEDIATE,
+            params_dtype=torch.bfloat16, quant_config=ModelOptNvFp4Config(quant_algo, True, None, [], 16),
+            prefix=f"gpu{next(_model_numbers)}.experts", tp_size=1, dp_size=1, pcp_size=1,
+        )
+
+    @property
+    def routed(self) -> torch.nn.Module:
+        return self.experts.routed_experts
+
+    def load_weights(self, weights):
+        self.num_experts = EXPERTS
+        if hasattr(self.experts, "load_weights"):
+            from vllm.model_executor.models.utils import AutoWeightsLoader
+
+            return AutoWeightsLoader(self).load_weights(weights)
+        return load_experts_by_mapping(self, weights)
+
+
+# --- checkpoints: trained bf16 weights, exported as a QAT export writes them -----------------------
+
+
+def trained_dense(seed: int) -> dict[str, torch.Tensor]:
+    """bf16 weights of ``DenseLayers`` as a trainer holds them."""
+    generator = torch.Generator().manual_seed(seed)
+    return {
+        "up.weight": (torch.randn(INTERMEDIATE, HIDDEN, generator=generator, device="cpu") * 0.05).to(torch.bfloat16),
+        "down.weight": (torch.randn(HIDDEN, INTERMEDIATE, generator=generator, device="cpu") * 0.03).to(torch.bfloat16),
+    }
+
+
+def trained_moe(seed: int) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    weights = {}
+    for expert in range(EXPERTS):
+        for proj, shape in (("gate_proj", (MOE_INTERMEDIATE, HIDDEN)), ("up_proj", (MOE_INTERMEDIATE, HIDDEN)),
+                            ("down_proj", (HIDDEN, MOE_INTERMEDIATE))):
+            scale = 0.05 * (expert + 1) / EXPERTS
+            weight = torch.randn(*shape, generator=generator, device="cpu") * scale
+            weights[f"experts.{expert}.{proj}.weight"] = weight.to(torch.bfloat16)
+    return weights
+
+
+def export(trained: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The ModelOpt NVFP4 checkpoint of ``trained`` (``export_nvfp4`` per weight, on CPU)."""
+    checkpoint: dict[str, torch.Tensor] = {}
+    for name, weight in trained.items():
+        checkpoint.update(export_nvfp4(name.removesuffix(".weight"), weight))
+    return checkpoint
+
+
+def on_gpu(checkpoint: dict[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
+    return list(items({name: tensor.cuda() for name, tensor in checkpoint.items()}))
+
+
+def fake_quantized(checkpoint: dict[str, torch.Tensor], prefix: str) -> torch.Tensor:
+    """What the QAT forward multiplies by: the dequantised NVFP4 weight, float32 on the GPU."""
+    return dequantize(checkpoint[f"{prefix}.weight"], checkpoint[f"{prefix}.weight_scale"],
+                      checkpoint[f"{prefix}.weight_scale_2"]).cuda()
+
+
+def loaded(model: torch.nn.Module, checkpoint: dict[str, torch.Tensor]) -> torch.nn.Module:
+    model.load_weights(on_gpu(checkpoint))
+    process_weights_after_loading(model)
+    return model
+
+
+# --- references and bounds -------------------------------------------------------------------------
+
+
+def activations(rows: int, features: int, seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, features, generator=generator, device="cpu").to(torch.bfloat16).cuda()
+
+
+def linear_expected(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference output and the per-element bound (module docstring)."""
+    reference = x.float() @ weight.T
+    bound = 2.0**-7 * (x.float().abs() @ weight.abs().T) + 2.0**-8 * reference.abs()
+    return reference, bound
+
+
+def routing(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's default MoE routing: softmax, top-k, renormalised."""
+    weights, ids = torch.softmax(logits.float(), dim=-1).topk(TOP_K, dim=-1)
+    return weights / weights.sum(-1, keepdim=True), ids
+
+
+def moe_expected(x: torch.Tensor, logits: torch.Tensor, checkpoint: dict[str, torch.Tensor]
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    topk_weights, topk_ids = routing(logits)
+    reference = torch.zeros(x.shape[0], HIDDEN, device=x.device)
+    magnitude = torch.zeros_like(reference)
+    xf = x.float()
+    for expert in range(EXPERTS):
+        gate = fake_quantized(checkpoint, f"experts.{expert}.gate_proj")
+        up = fake_quantized(checkpoint, f"experts.{expert}.up_proj")
+        down = fake_quantized(checkpoint, f"experts.{expert}.down_proj")
+        g, u = xf @ gate.T, xf @ up.T
+        out = (torch.nn.functional.silu(g) * u) @ down.T
+        size = ((xf.abs() @ gate.abs().T) * (xf.abs() @ up.abs().T)) @ down.abs().T
+        weight = (topk_weights * (topk_ids == expert)).sum(-1, keepdim=True)
+        reference += weight * out
+        magnitude += weight * size
+    return reference, 2.0**-6 * magnitude + 2.0**-8 * reference.abs()
+
+
+def assert_within(out: torch.Tensor, expected: tuple[torch.Tensor, torch.Tensor], what: str) -> float:
+    """Asserts ``|out - ref| <= bound`` everywhere; returns the largest error as a fraction of its bound."""
+    reference, bound = expected
+    error = (out.float() - reference).abs()
+    ratio = float((error / bound).max())
+    assert out.dtype == torch.bfloat16, what
+    assert torch.isfinite(out).all(), what
+    assert ratio <= 1.0, f"{what}: error {ratio:.3f}x the bf16 bound (max abs error {float(error.max()):.3g})"
+    return ratio
+
+
+# --- running vLLM's layers -------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def forward_context(vllm_config: object) -> Iterator[None]:
+    """vLLM's forward context for a MoE call outside a model runner, layer looked up by its name."""
+    from vllm.forward_context import get_forward_context, set_forward_context
+    from vllm.v1.worker.workspace import init_workspace_manager, is_workspace_manager_initialized
+
+    if not is_workspace_manager_initialized():  # what vLLM's GPU model runner sets up (Marlin MoE uses it)
+        init_workspace_manager(torch.device("cuda"))
+    with set_forward_context(None, vllm_config):
+        get_forward_context().all_moe_layers = None  # address our layer by name, not by call order
+        yield
+
+
+def moe_forward(model: MoELayer, x: torch.Tensor, logits: torch.Tensor, vllm_config: object) -> torch.Tensor:
+    with forward_context(vllm_config):
+        return model.experts(x, logits)
+
+
+def cuda_kernels_run(fn) -> list[str]:
+    """Names of the CUDA kernels ``fn()`` launched (torch's profiler, CUPTI)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sorted({event.name for event in prof.events() if event.device_type == torch.autograd.DeviceType.CUDA})
+
+
+def kernel_tensors(module: torch.nn.Module) -> dict[str, int]:
+    """Data pointers of every parameter, buffer and plain tensor attribute (Marlin's workspace) below
+    ``module``: what a captured CUDA graph reads."""
+    pointers = {}
+    for prefix, sub in module.named_modules():
+        for name, tensor in itertools.chain(sub.named_parameters(recurse=False), sub.named_buffers(recurse=False),
+                                            ((k, v) for k, v in vars(sub).items() if isinstance(v, torch.Tensor))):
+            pointers[f"{prefix}.{name}"] = tensor.data_ptr()
+    return pointers
