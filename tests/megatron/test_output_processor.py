@@ -12,10 +12,6 @@ from typing import Any
 
 import pytest
 import torch
-from replay_models import megatron_version
-from tiny_gpt import SEQ_LEN, VOCAB_SIZE, Batch
-
-import patchkit
 from patchkit.patches.megatron._output_processor_probe import (
     LogProbContext,
     OutputLayerCalls,
@@ -23,6 +19,10 @@ from patchkit.patches.megatron._output_processor_probe import (
     chunked_label_log_probs,
     label_log_probs_from_logits,
 )
+from replay_models import megatron_version
+from tiny_gpt import SEQ_LEN, VOCAB_SIZE, Batch
+
+import patchkit
 
 PATCH = "megatron.output_processor"
 NATIVE = megatron_version() >= (0, 18)

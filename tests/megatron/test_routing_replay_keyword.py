@@ -13,10 +13,10 @@ import inspect
 import pickle
 
 import pytest
+from patchkit.patches.megatron._routing_replay_keyword_alias import RoutingReplayKeywordConflict
 from replay_models import REPLAY_PATCH_IDS, megatron_version, routers
 
 import patchkit
-from patchkit.patches.megatron._routing_replay_keyword_alias import RoutingReplayKeywordConflict
 
 PATCH = "megatron.routing_replay_keyword"
 BASE = dict(num_layers=2, hidden_size=64, num_attention_heads=4, num_moe_experts=8, moe_router_topk=2,
@@ -33,8 +33,8 @@ def _config_classes():
     from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
     return {"TransformerConfig": (TransformerConfig, {}),
-            "MLATransformerConfig": (MLATransformerConfig, {"kv_lora_rank": 16, "qk_head_dim": 8, "qk_pos_emb_head_dim": 8,
-                                                            "v_head_dim": 8, "q_lora_rank": 16})}
+            "MLATransformerConfig": (MLATransformerConfig, {"kv_lora_rank": 16, "qk_head_dim": 8, "v_head_dim": 8,
+                                                            "qk_pos_emb_head_dim": 8, "q_lora_rank": 16})}
 
 
 def test_variant_for_this_release(keyword):
