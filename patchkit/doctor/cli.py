@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import sys
 from typing import Any
@@ -38,6 +39,10 @@ def _table(verdicts: list[doctor.Verdict], facts: dict[str, Any]) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
+    if not math.isfinite(args.timeout) or args.timeout <= 0:
+        from ..runtime.errors import ConfigError
+
+        raise ConfigError("--timeout", str(args.timeout), "a positive number of seconds")
     if args.record:
         from .record import check_writable
 
