@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from typing import Any
@@ -53,6 +54,10 @@ def _upstream_output(verdicts: list[doctor.Verdict], facts: dict[str, Any], verb
 
 
 def main(args: argparse.Namespace) -> int:
+    if not math.isfinite(args.timeout) or args.timeout <= 0:
+        from ..runtime.errors import ConfigError
+
+        raise ConfigError("--timeout", str(args.timeout), "a positive number of seconds")
     if args.record:
         from .record import check_writable
 

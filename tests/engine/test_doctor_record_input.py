@@ -1,4 +1,6 @@
-"""`patchkit doctor --record FILE` into a path that cannot be written: one typed error line, exit 2.
+"""Bad input to `patchkit doctor`: one typed error line and exit 2, before any check runs.
+
+`--record FILE` into a path that cannot be written; a `--timeout` that is not a positive number.
 
 Before, the doctor ran every check, then died on the write with a traceback and exit status 1 (the
 status that means "a patch failed").
@@ -36,3 +38,11 @@ def test_a_writable_record_path_still_gets_its_records(tmp_path: Path) -> None:
     done = doctor("--record", str(tmp_path / "r.yaml"))
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "r.yaml").read_text().startswith("# Written by `patchkit doctor --record`")
+
+
+@pytest.mark.parametrize("timeout", ["-1", "0", "nan", "inf"])
+def test_a_timeout_that_is_not_a_positive_number_is_refused(timeout: str) -> None:
+    """Before, it was accepted: every check then "did not finish within -1 s" (or never timed out)."""
+    done = doctor("--timeout", timeout)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith(f"patchkit: --timeout='{float(timeout)}' is malformed")

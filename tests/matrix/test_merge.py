@@ -121,6 +121,8 @@ def test_merging_is_linear_in_the_number_of_records() -> None:
         assert len(merged.patches["up.feature"]["old"]) == n  # 1.5.0 was there already
         return elapsed
 
-    small, large = timed(4_000), timed(40_000)
-    assert large < 10, f"40k records took {large:.1f} s"
-    assert large < 25 * small + 1, f"4k: {small:.2f} s, 40k: {large:.2f} s: not linear"
+    # Bounds for a loaded 2-core machine: quadratic, 40k records take minutes (100x the 4k time).
+    # The best of a few runs: on a shared machine one run can stall for seconds.
+    small, large = min(timed(4_000) for _ in range(3)), min(timed(40_000) for _ in range(2))
+    assert large < 20, f"40k records took {large:.1f} s"
+    assert large < 40 * small + 2, f"4k: {small:.2f} s, 40k: {large:.2f} s: not linear"

@@ -8,6 +8,7 @@ abort ``pytest tests/vllm`` instead.
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -65,3 +66,15 @@ def nvfp4_refit_patch(cpu_nvfp4_kernels: None) -> Iterator[None]:
         (record,) = records
         assert record.state.installed, record.to_dict()
         yield
+
+
+@pytest.fixture(autouse=True)
+def sigint_raises() -> Iterator[None]:
+    """Python's own SIGINT handler for every test, even where the test process started with SIGINT
+    ignored (a background job of a non-interactive shell starts so, and Python then leaves it
+    ignored): the refit's signal tests send real SIGINTs."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

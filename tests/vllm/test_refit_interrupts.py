@@ -30,17 +30,6 @@ REFIT_CODE = str(Path(_refit_impl.__file__).parent)
 STRIDE = int(os.environ.get("PATCHKIT_INTERRUPT_STRIDE", "7"))  #: every 7th line of the refit's code
 
 
-@pytest.fixture(autouse=True)
-def sigint_raises() -> Iterator[None]:
-    """Python's own SIGINT handler, even where the test process started with SIGINT ignored (a
-    background job of a non-interactive shell starts so, and Python then leaves it ignored)."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
 def refit_lines(run: Callable[[], Any], fire_at: int | None, signum: int) -> int:
     """Run ``run`` tracing the refit's code; at its ``fire_at``-th line send ``signum``. Lines seen."""
     seen = 0
