@@ -1,9 +1,9 @@
-"""ModelOpt NVFP4 W4A16 (Marlin) linear refit: GPU only, not run on patchkit's machines.
+"""ModelOpt NVFP4 W4A16 (Marlin) linear refit: GPU only (``pytest -m gpu tests/vllm``).
 
 ``ModelOptNvFp4W4A16LinearMethod`` (vLLM 0.21-0.29) forces the Marlin kernel, which has no CPU
-implementation, and our GPU machines cannot install vLLM. This test is kept so a CUDA machine with
-vLLM runs it (``pytest -m gpu tests/vllm``): Marlin repacks weights into fresh Parameters and
-allocates a workspace, the case where keeping kernel addresses matters most.
+implementation. Marlin repacks weights into fresh Parameters and allocates a workspace, the case
+where keeping kernel addresses matters most. Run on an H100 with vLLM 0.24.0's kernels (README,
+"What ran on a GPU"); ``test_refit_gpu.py`` adds the MoE layer and a captured CUDA graph.
 """
 
 from __future__ import annotations
