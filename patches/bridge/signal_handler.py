@@ -23,7 +23,10 @@ PATCHES = (
     Patch(
         id="bridge.signal_handler_main_thread",
         self_check="._selfchecks:check_signal_handler_main_thread",
-        summary="DistributedSignalHandler can be entered off the main thread: the handler is installed on the main thread only.",
+        summary=(
+            "DistributedSignalHandler can be entered off the main thread: the handler is installed on the "
+            "main thread only."
+        ),
         why=(
             "__enter__ calls signal.signal, which raises ValueError outside the main thread; trainers run in Ray "
             "worker threads (NeMo-RL patches __enter__ for this)."

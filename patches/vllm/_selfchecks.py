@@ -16,11 +16,14 @@ vLLM's own NVFP4 emulation kernel runs (``_cpu_stand_in``).
 from __future__ import annotations
 
 import contextlib
+import json
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from patchkit.selfcheck import CheckContext, SelfCheckFailed, expect
+from patchkit.selfcheck import CheckContext, NeedsGPU, SelfCheckFailed, expect
 
 from ._nvfp4_checkpoint import (
     DOWN,
@@ -142,6 +145,14 @@ def check_nvfp4_marlin_w4a16(context: CheckContext) -> None:
 # --- vllm.serve_signals_main_thread ---
 
 
+#: A one-layer Llama ``config.json``: a model folder for vLLM's argument handling (no weights read).
+TINY_MODEL_CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+    "num_attention_heads": 2, "num_key_value_heads": 2, "num_hidden_layers": 1, "vocab_size": 256,
+    "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "torch_dtype": "float32",
+}
+
+
 class EngineStartReached(Exception):
     """Raised where ``run_headless`` goes on to start engine processes: the drivers stop there."""
 
@@ -180,24 +191,26 @@ def run_headless_in_a_thread(context_device: str = "cpu") -> dict[str, Any]:
 
     watched = (signal.SIGTERM, signal.SIGINT)
     outcome: dict[str, Any] = {"error": None, "before": {s: signal.getsignal(s) for s in watched}}
-    with cpu_platform() if context_device == "cpu" else contextlib.nullcontext():
-        args = serve.make_arg_parser(FlexibleArgumentParser()).parse_args(
-            ["--headless", "--model", "patchkit/headless-signal-check"])
-    args.api_server_count = 0  # what verl sets before run_headless
-    config = SimpleNamespace(parallel_config=_StopAtEngineStart())
+    # A local model folder for the whole run: vLLM's argument handling looks a model name up on the Hub.
+    with tempfile.TemporaryDirectory(prefix="patchkit-headless-") as model_dir:
+        (Path(model_dir) / "config.json").write_text(json.dumps(TINY_MODEL_CONFIG))
+        with cpu_platform() if context_device == "cpu" else contextlib.nullcontext():
+            args = serve.make_arg_parser(FlexibleArgumentParser()).parse_args(["--headless", "--model", model_dir])
+        args.api_server_count = 0  # what verl sets before run_headless
+        config = SimpleNamespace(parallel_config=_StopAtEngineStart())
 
-    def run() -> None:
-        try:
-            serve.run_headless(args)
-        except EngineStartReached:
-            pass
-        except BaseException as exc:  # the thread's error is the finding
-            outcome["error"] = exc
+        def run() -> None:
+            try:
+                serve.run_headless(args)
+            except EngineStartReached:
+                pass
+            except BaseException as exc:  # the thread's error is the finding
+                outcome["error"] = exc
 
-    with mock.patch.object(vllm.AsyncEngineArgs, "create_engine_config", lambda self, **kwargs: config):
-        worker = threading.Thread(target=run, name="patchkit-headless-check")
-        worker.start()
-        worker.join()
+        with mock.patch.object(vllm.AsyncEngineArgs, "create_engine_config", lambda self, **kwargs: config):
+            worker = threading.Thread(target=run, name="patchkit-headless-check")
+            worker.start()
+            worker.join()
     outcome["after"] = {s: signal.getsignal(s) for s in watched}
     return outcome
 
@@ -232,7 +245,11 @@ def check_moe_expert_weight_loaders(context: CheckContext) -> None:
     """After vLLM's processing every fused-MoE expert parameter still has the routed layer's ``weight_loader``."""
     from ._tiny_moe import is_the_layers_loader, loaders_of
 
-    model = processed_tiny_moe(context.device)
+    try:
+        model = processed_tiny_moe(context.device)
+    except NotImplementedError as exc:  # vLLM's NVFP4 MoE oracle found no backend for this platform
+        raise NeedsGPU(f"vLLM selects no NVFP4 MoE backend here ({str(exc)[:120]}); on vLLM 0.24's PyPI wheel "
+                       "without CUDA, the CPU platform must be selected before vLLM is imported") from exc
     without = sorted(name for name, loader in loaders_of(model).items()
                      if not is_the_layers_loader(loader, model.routed))
     expect(not without, "expert parameters of vLLM's ModelOpt NVFP4 fused-MoE layer after its "

@@ -313,6 +313,16 @@ RECORDS = {
             )),
         ),
     },
+    'vllm.moe_expert_weight_loaders': {
+        'vllm>=0.24,<0.34': (
+            ((('vllm', '0.24.0'),), 'native', (
+            )),
+            ((('vllm', '0.29.0'),), 'native', (
+            )),
+            ((('vllm', '0.33.0'),), 'native', (
+            )),
+        ),
+    },
     'vllm.nvfp4_marlin_w4a16': {
         'quant-method-w4a16': (
             ((('vllm', '0.24.0'),), 'verified', (
@@ -481,6 +491,16 @@ RECORDS = {
                 ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4LinearMethod.process_weights_after_loading', 'fabfc933ff4b9655'),
                 ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4W4A16LinearMethod.create_weights', '768c0458c67d0e87'),
                 ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4W4A16LinearMethod.process_weights_after_loading', 'eb6f6f1d30854f32'),
+            )),
+        ),
+    },
+    'vllm.serve_signals_main_thread': {
+        'serve-module-signals': (
+            ((('vllm', '0.24.0'),), 'verified', (
+            )),
+            ((('vllm', '0.29.0'),), 'verified', (
+            )),
+            ((('vllm', '0.33.0'),), 'verified', (
             )),
         ),
     },

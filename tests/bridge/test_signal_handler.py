@@ -13,12 +13,12 @@ import signal
 import threading
 
 import pytest
+from patchkit.patches.bridge._selfchecks import enter_off_the_main_thread
 
 import patchkit
 from patchkit.doctor import FAILED, VERIFIED, run
 from patchkit.runtime.status import Reason
 from patchkit.selfcheck import patches_as_they_were, upstream_behaviour
-from patchkit.patches.bridge._selfchecks import enter_off_the_main_thread
 
 PATCH = "bridge.signal_handler_main_thread"
 

@@ -12,10 +12,10 @@ import signal
 import threading
 
 import pytest
+from patchkit.patches.vllm._selfchecks import run_headless_in_a_thread
 
 import patchkit
 from patchkit.doctor import FAILED, VERIFIED, run
-from patchkit.patches.vllm._selfchecks import run_headless_in_a_thread
 from patchkit.selfcheck import patches_as_they_were, upstream_behaviour
 
 PATCH = "vllm.serve_signals_main_thread"
