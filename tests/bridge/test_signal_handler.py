@@ -111,7 +111,7 @@ def test_signal_handler_check_is_verified(applied):
     assert verdict.verdict == VERIFIED, verdict.message
 
 
-@pytest.mark.breaks(PATCH)
+@pytest.mark.breaks("bridge.signal_handler_main_thread")
 def test_signal_handler_check_fails_with_bridges_unguarded_enter(applied, monkeypatch):
     if applied.reason is Reason.NATIVE:
         # 0.6's guard reads threading.main_thread(): make every thread look like the main one.

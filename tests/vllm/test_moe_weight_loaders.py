@@ -65,7 +65,7 @@ def test_moe_weight_loaders_check_is_verified(cpu_nvfp4_kernels):
     assert verdict.verdict == VERIFIED, verdict.message
 
 
-@pytest.mark.breaks(PATCH)
+@pytest.mark.breaks("vllm.moe_expert_weight_loaders")
 def test_moe_weight_loaders_check_fails_when_processing_drops_the_loader(cpu_nvfp4_kernels, monkeypatch):
     """vLLM 0.8.2's behaviour put back: processing ends with a fresh ``Parameter`` for ``w13_weight``.
 

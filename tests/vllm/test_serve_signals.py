@@ -86,7 +86,7 @@ def test_serve_signals_check_is_verified(applied):
     assert verdict.verdict == VERIFIED, verdict.message
 
 
-@pytest.mark.breaks(PATCH)
+@pytest.mark.breaks("vllm.serve_signals_main_thread")
 def test_serve_signals_check_fails_with_vllms_own_signal_module(applied):
     with upstream_behaviour(PATCH):
         (verdict,) = run([PATCH], device="cpu")[0]
