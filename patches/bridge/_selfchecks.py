@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import threading
 from collections.abc import Iterator
 from typing import Any
 from unittest import mock
@@ -271,3 +273,45 @@ def check_modelopt_layer_spec(context: CheckContext) -> None:
                               f"{str(found).splitlines()[0][:160] if str(found) else ''}") from found
     expect(found is ModelOptNorm, "GPTModelProvider(restore_modelopt_state=True) builds ModelOpt's layer spec "
            "(its input layernorm)", f"{ModelOptNorm.__module__}.Norm", f"{found.__module__}.{found.__qualname__}")
+
+
+# --- bridge.signal_handler_main_thread ---
+
+
+def enter_off_the_main_thread(sig: int = signal.SIGTERM) -> dict[str, Any]:
+    """Enter and release Bridge's ``DistributedSignalHandler`` in a fresh thread, as a trainer in a
+    Ray worker thread does; what happened: ``error`` (None or the exception), ``received`` (its
+    ``signals_received()``), ``released`` (``release()``'s answer) and the process's handler for
+    ``sig`` before and after."""
+    from megatron.bridge.training.utils.sig_utils import DistributedSignalHandler
+
+    outcome: dict[str, Any] = {"error": None, "before": signal.getsignal(sig)}
+
+    def enter_and_release() -> None:
+        try:
+            with DistributedSignalHandler(sig) as handler:
+                outcome["during"] = signal.getsignal(sig)
+                outcome["received"] = handler.signals_received()
+            outcome["released"] = handler.released
+        except BaseException as exc:  # the thread's error is the finding
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=enter_and_release, name="patchkit-signal-check")
+    worker.start()
+    worker.join()
+    outcome["after"] = signal.getsignal(sig)
+    return outcome
+
+
+def check_signal_handler_main_thread(context: CheckContext) -> None:
+    """``DistributedSignalHandler`` enters and releases in a worker thread and leaves the process's handler alone."""
+    outcome = enter_off_the_main_thread()
+    error = outcome["error"]
+    expect(error is None, "DistributedSignalHandler entered in a worker thread", "no error",
+           f"{type(error).__name__}: {error}" if error is not None else None)
+    expect(outcome["received"] == [False] and outcome["released"] is True,
+           "its signals_received() and release() in that thread", "[False], released",
+           f"{outcome['received']}, released={outcome['released']}")
+    expect(outcome["before"] is outcome["during"] is outcome["after"],
+           "the process's SIGTERM handler while and after it was entered off the main thread", "unchanged",
+           f"{outcome['before']!r} -> {outcome['during']!r} -> {outcome['after']!r}")

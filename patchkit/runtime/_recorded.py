@@ -106,6 +106,22 @@ RECORDS = {
             )),
         ),
     },
+    'bridge.signal_handler_main_thread': {
+        'main-thread-only': (
+            ((('megatron-bridge', '0.3.1'),), 'verified', (
+                ('megatron.bridge.training.utils.sig_utils:DistributedSignalHandler.__enter__', 'e496f94652d84767'),
+                ('megatron.bridge.training.utils.sig_utils:DistributedSignalHandler.release', '11e8cb4f3a67e49e'),
+            )),
+            ((('megatron-bridge', '0.5.1'),), 'verified', (
+                ('megatron.bridge.training.utils.sig_utils:DistributedSignalHandler.__enter__', 'e496f94652d84767'),
+                ('megatron.bridge.training.utils.sig_utils:DistributedSignalHandler.release', '11e8cb4f3a67e49e'),
+            )),
+        ),
+        'megatron-bridge>=0.6.0,<0.7.0rc0': (
+            ((('megatron-bridge', '0.6.2'),), 'native', (
+            )),
+        ),
+    },
     'bridge.skip_quantizer_params': {
         'megatron-bridge>=0.2.0rc0,<0.4.0rc0': (
             ((('megatron-bridge', '0.2.0rc6'),), 'verified', (
@@ -365,6 +381,16 @@ RECORDS = {
             )),
         ),
     },
+    'vllm.moe_expert_weight_loaders': {
+        'vllm>=0.24,<0.34': (
+            ((('vllm', '0.24.0'),), 'native', (
+            )),
+            ((('vllm', '0.29.0'),), 'native', (
+            )),
+            ((('vllm', '0.33.0'),), 'native', (
+            )),
+        ),
+    },
     'vllm.nvfp4_marlin_w4a16': {
         'quant-method-w4a16': (
             ((('vllm', '0.24.0'),), 'verified', (
@@ -533,6 +559,16 @@ RECORDS = {
                 ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4LinearMethod.process_weights_after_loading', 'fabfc933ff4b9655'),
                 ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4W4A16LinearMethod.create_weights', '768c0458c67d0e87'),
                 ('vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4W4A16LinearMethod.process_weights_after_loading', 'eb6f6f1d30854f32'),
+            )),
+        ),
+    },
+    'vllm.serve_signals_main_thread': {
+        'serve-module-signals': (
+            ((('vllm', '0.24.0'),), 'verified', (
+            )),
+            ((('vllm', '0.29.0'),), 'verified', (
+            )),
+            ((('vllm', '0.33.0'),), 'verified', (
             )),
         ),
     },

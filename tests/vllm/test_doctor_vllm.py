@@ -80,7 +80,7 @@ def test_marlin_w4a16_check_fails_with_upstreams_config():
 
 
 @pytest.mark.slow
-def test_the_command_verifies_both_vllm_patches_in_a_fresh_process_without_the_test_harness():
+def test_the_command_verifies_every_vllm_patch_in_a_fresh_process_without_the_test_harness():
     # As a user on a machine without CUDA runs it: no conftest selects vLLM's CPU platform first
     # (vLLM 0.24's PyPI wheel resolves none there, and its kernel table keys on the platform it
     # saw at import).
@@ -93,5 +93,10 @@ def test_the_command_verifies_both_vllm_patches_in_a_fresh_process_without_the_t
                            "--patch", "vllm.*"], capture_output=True, text=True, timeout=600,
                           env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"}, cwd=os.path.dirname(__file__))
     verdicts = {p["id"]: (p["verdict"], p["message"]) for p in json.loads(done.stdout)["patches"]}
-    assert {k: v[0] for k, v in verdicts.items()} == {MARLIN: VERIFIED, PATCH: VERIFIED}, verdicts
+    expected = dict.fromkeys((MARLIN, PATCH, "vllm.serve_signals_main_thread"), VERIFIED)
+    # vLLM 0.24's PyPI wheel without CUDA resolves no platform at import; its NVFP4 MoE oracle then
+    # finds no backend and the MoE check says it cannot run here (in-process, with the harness, it runs).
+    moe = verdicts.pop("vllm.moe_expert_weight_loaders")[0]
+    assert moe in (VERIFIED, "needs_gpu"), moe
+    assert {k: v[0] for k, v in verdicts.items()} == expected, verdicts
     assert done.returncode == 0
