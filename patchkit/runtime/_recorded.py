@@ -228,6 +228,11 @@ RECORDS = {
             ((('megatron-core', '0.17.1'),), 'native', (
             )),
         ),
+        'size-forced-tracker': (
+            ((('megatron-core', '0.16.1'),), 'verified', (
+                ('megatron.core.transformer.moe.moe_utils:track_moe_metrics', '52f51d6fa8289be8'),
+            )),
+        ),
     },
     'megatron.router_replay': {
         "megatron-core>=0.14,<0.16: backport of 0.16's replay onto TopKRouter": (
