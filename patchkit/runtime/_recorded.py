@@ -228,6 +228,11 @@ RECORDS = {
             ((('megatron-core', '0.17.1'),), 'native', (
             )),
         ),
+        'replay-layer-number': (
+            ((('megatron-core', '0.19.2'),), 'verified', (
+                ('megatron.core.transformer.moe.router:Router.set_layer_number', 'd96a8ce136803ae5'),
+            )),
+        ),
         'size-forced-tracker': (
             ((('megatron-core', '0.16.1'),), 'verified', (
                 ('megatron.core.transformer.moe.moe_utils:track_moe_metrics', '52f51d6fa8289be8'),
