@@ -233,6 +233,10 @@ RECORDS = {
                 ('megatron.core.transformer.moe.moe_utils:track_moe_metrics', 'd0ec87af5e26c06d'),
                 ('megatron.core.transformer.multi_token_prediction:MultiTokenPredictionLayer.__init__', '3dc10bf0fc30c3f4'),
             )),
+            ((('megatron-core', '0.15.3'),), 'verified', (
+                ('megatron.core.transformer.moe.moe_utils:track_moe_metrics', 'd0ec87af5e26c06d'),
+                ('megatron.core.transformer.multi_token_prediction:MultiTokenPredictionLayer.__init__', '45dced6d1b7247a3'),
+            )),
         ),
         'replay-layer-number': (
             ((('megatron-core', '0.19.2'),), 'verified', (
