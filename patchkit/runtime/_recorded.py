@@ -244,6 +244,26 @@ RECORDS = {
             ((('megatron-core', '0.17.1'),), 'native', (
             )),
         ),
+        'number-after-decoder': (
+            ((('megatron-core', '0.14.0'),), 'verified', (
+                ('megatron.core.transformer.moe.moe_utils:track_moe_metrics', 'd0ec87af5e26c06d'),
+                ('megatron.core.transformer.multi_token_prediction:MultiTokenPredictionLayer.__init__', '3dc10bf0fc30c3f4'),
+            )),
+            ((('megatron-core', '0.15.3'),), 'verified', (
+                ('megatron.core.transformer.moe.moe_utils:track_moe_metrics', 'd0ec87af5e26c06d'),
+                ('megatron.core.transformer.multi_token_prediction:MultiTokenPredictionLayer.__init__', '45dced6d1b7247a3'),
+            )),
+        ),
+        'replay-layer-number': (
+            ((('megatron-core', '0.19.2'),), 'verified', (
+                ('megatron.core.transformer.moe.router:Router.set_layer_number', 'd96a8ce136803ae5'),
+            )),
+        ),
+        'size-forced-tracker': (
+            ((('megatron-core', '0.16.1'),), 'verified', (
+                ('megatron.core.transformer.moe.moe_utils:track_moe_metrics', '52f51d6fa8289be8'),
+            )),
+        ),
     },
     'megatron.output_processor': {
         'forward-keywords': (
