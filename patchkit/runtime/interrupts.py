@@ -20,7 +20,7 @@ which would add an import at start-up.
 
 from __future__ import annotations
 
-import _signal
+import _signal  # type: ignore[import-not-found]  # no stub; the `signal` wrapper would cost an import at start-up
 import contextlib
 import threading
 from typing import Any, Iterator

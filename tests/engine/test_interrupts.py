@@ -32,7 +32,6 @@ from typing import Any, Callable, Iterator
 import pytest
 
 import patchkit
-
 from patchkit import Add, Engine, Patch, Replace, State, Variant, Wrap
 
 IMPLEMENTATION = '''
@@ -243,7 +242,7 @@ def sweep_apply(toy: Toy, action: Callable[[], None], step: int = 1) -> int:
     for at in range(1, total + 1, step):
         engine = toy.fresh_engine()
         tracer = Interrupt(at, action, swept)
-        raised = run_traced(lambda: toy.apply(engine), tracer)
+        raised = run_traced(lambda engine=engine: toy.apply(engine), tracer)
         interrupted += raised is not None
         point = f"{at} ({where(raised)})"
         del raised, tracer
@@ -319,7 +318,7 @@ def timed_apply(toy: Toy, signum: int, runs: int = 300) -> int:
     interrupted = 0
     engines = iter(lambda: toy.fresh_engine(), None)
     engine = next(engines)
-    for run, raised in enumerate(at_moments(signum, lambda: toy.apply(engine), runs)):
+    for run, raised in enumerate(at_moments(signum, lambda: toy.apply(engine), runs)):  # noqa: B023 (the current engine, on purpose)
         interrupted += raised is not None
         point = f"run {run} ({where(raised)})"
         del raised
