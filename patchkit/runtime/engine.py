@@ -35,7 +35,7 @@ import warnings
 import weakref
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
-from . import gating
+from . import gating, interrupts
 from . import settings as settings_module
 from .catalogue import CatalogueError, Registered
 from .declaration import Patch, Variant, validate
@@ -53,7 +53,7 @@ from .errors import (
     UnknownPatchError,
     UnsupportedVersionError,
 )
-from .installer import Installed, Prepared, Registration, install_all, prepare_all, uninstall_all
+from .installer import Installed, Prepared, Registration, install_all, prepare_all, rollback, uninstall_all
 from .settings import Settings
 from .status import PatchStatus, Reason, State
 from .versions import InstalledVersion, Outcome, installed_version, select_variant
@@ -103,14 +103,26 @@ class _Entry:
         if state is not State.PENDING:
             self.waiting_for = ()
 
+    def displaced(self) -> list[str]:
+        """The targets of an installed patch that no longer hold its objects (see ``Installed.is_displaced``)."""
+        if not self.state.installed:
+            return []
+        return [item.target for item in self.installed if isinstance(item, Installed) and item.is_displaced()]
+
     def record(self) -> PatchStatus:
         variant = self.variant
         targets = tuple(str(t) for action in variant.installs for t in action.targets) if variant else ()
+        state, reason, detail = self.state, self.reason, self.detail
+        displaced = self.displaced()
+        if displaced:
+            state, reason = State.DISPLACED, None
+            detail = (f"no longer in effect at {', '.join(displaced)}: the module was reloaded or imported again "
+                      f"after the patch was installed; apply_all() installs it again")
         return PatchStatus(
             id=self.patch.id,
-            state=self.state,
-            reason=self.reason,
-            detail=self.detail,
+            state=state,
+            reason=reason,
+            detail=detail,
             variant=variant.name if variant else None,
             versions=dict(self.versions),
             error=self.error,
@@ -242,15 +254,18 @@ class Engine:
         says so) unless strict, which raises ``ConfigError``.
         """
         work = _Work()
-        with self._lock:
-            chosen = self._settings(environ, list(self._entries.values()), enable=enable, disable=disable,
-                                    force=force, strict=strict)
-            if chosen is None:
-                return self.status()
-            for entry in self._entries.values():
-                if not entry.state.installed and entry.state is not State.FAILED and entry.ticket is None:
-                    self._consider(entry, chosen, work)
-        self._carry_out_all(work)
+        with self._abandoned_on_interrupt(work):
+            with self._lock:
+                chosen = self._settings(environ, list(self._entries.values()), enable=enable, disable=disable,
+                                        force=force, strict=strict)
+                if chosen is None:
+                    return self.status()
+                for entry in self._entries.values():
+                    if entry.state.installed and entry.ticket is None and entry.displaced():
+                        self._forget_displaced(entry)
+                    if not entry.state.installed and entry.state is not State.FAILED and entry.ticket is None:
+                        self._consider(entry, chosen, work)
+            self._carry_out_all(work)
         return self.status()
 
     def apply(self, *patterns: str, import_targets: bool = False, strict: bool | None = None,
@@ -263,17 +278,18 @@ class Engine:
         ``ConfigError``; a malformed ``PATCHKIT_*`` variable is handled as in :meth:`apply_all`.
         """
         work = _Work()
-        with self._lock:
-            explicit = settings_module.parse_patterns("argument patterns", list(patterns))
-            settings_module.check_known(Settings(enable=explicit), list(self._entries))
-            selected = [e for e in self._entries.values() if settings_module.matches_any(e.patch.id, explicit)]
-            chosen = self._settings(environ, selected, enable=list(patterns), strict=strict)
-            if chosen is None:
-                return [entry.record() for entry in selected]
-            for entry in selected:
-                if not entry.state.installed and entry.ticket is None:
-                    self._consider(entry, chosen, work)
-        self._carry_out_all(work)
+        with self._abandoned_on_interrupt(work):
+            with self._lock:
+                explicit = settings_module.parse_patterns("argument patterns", list(patterns))
+                settings_module.check_known(Settings(enable=explicit), list(self._entries))
+                selected = [e for e in self._entries.values() if settings_module.matches_any(e.patch.id, explicit)]
+                chosen = self._settings(environ, selected, enable=list(patterns), strict=strict)
+                if chosen is None:
+                    return [entry.record() for entry in selected]
+                for entry in selected:
+                    if not entry.state.installed and entry.ticket is None:
+                        self._consider(entry, chosen, work)
+            self._carry_out_all(work)
         if import_targets:
             self._import_waiting(selected)
         with self._lock:
@@ -449,8 +465,23 @@ class Engine:
         if missing:
             self._wait(entry, missing, f"waiting for {', '.join(missing)} to be imported", work)
             return
-        entry.ticket = _Ticket()
-        work.jobs.append(_Job(entry, entry.ticket, variant, forced, selection.detail, identical))
+        # The job is listed before the entry is claimed: an interruption in between leaves no claim
+        # that _abandon would not find.
+        ticket = _Ticket()
+        work.jobs.append(_Job(entry, ticket, variant, forced, selection.detail, identical))
+        entry.ticket = ticket
+
+    def _forget_displaced(self, entry: _Entry) -> None:
+        """Before installing a displaced patch again, restore the targets it still holds (an install
+        is all or nothing, so it starts from the originals); a reloaded target already holds them. A
+        foreign wrapper on one of those leaves it as it is, reported displaced."""
+        with interrupts.deferred():
+            try:
+                uninstall_all(entry.patch.id, entry.installed)
+            except (ForeignWrapperError, UndoError) as exc:
+                logger.error("patchkit: %s is displaced and cannot be installed again: %s", entry.patch.id, exc)
+                return
+            entry.set(State.REVERTED, detail="displaced: its module was reloaded; installing it again")
 
     def _unsupported(self, entry: _Entry, detail: str, identity_detail: str = "") -> None:
         """Record the skip first: strict mode raises, and the status must already say why."""
@@ -492,11 +523,13 @@ class Engine:
             if entry.settings.strict:
                 raise
             return
-        with self._lock:
+        with self._lock, interrupts.deferred():
             if entry.ticket is not job.ticket:
                 return  # reverted or re-decided meanwhile
-            entry.ticket = None
-            self._install(entry, variant, prepared, job.forced, job.unsupported_detail, drift, job.identical)
+            error = self._install(entry, variant, prepared, job.forced, job.unsupported_detail, drift, job.identical)
+            entry.ticket = None  # last: until here, an interruption is undone by _abandon
+        if error is not None:
+            raise error
 
     def _install_failed(self, entry: _Entry, variant: Variant, exc: Exception) -> None:
         """Record why ``variant`` did not install (under the lock); the caller raises if strict."""
@@ -516,15 +549,18 @@ class Engine:
             self._fail(entry, f"variant {variant.name}", exc)
 
     def _install(self, entry: _Entry, variant: Variant, prepared: list[Prepared], forced: bool,
-                 unsupported_detail: str, drift: "Drift | None", identical: str | None = None) -> None:
+                 unsupported_detail: str, drift: "Drift | None", identical: str | None = None) -> Exception | None:
+        """Set the attributes and record the outcome (under the lock); returns the error strict mode raises.
+
+        ``entry.installed`` is filled in place as each attribute is set, so an interruption at any
+        point leaves a record of exactly what is installed (see :meth:`_abandon`).
+        """
         patch = entry.patch
         try:
-            entry.installed = install_all(patch.id, prepared)
+            install_all(patch.id, prepared, entry.installed)
         except Exception as exc:
             self._install_failed(entry, variant, exc)
-            if entry.settings.strict:
-                raise
-            return
+            return exc if entry.settings.strict else None
         if forced:
             entry.set(State.FORCED, Reason.UNSUPPORTED_VERSION, f"forced: {unsupported_detail}")
             logger.warning("patchkit: %s applied by force (variant %s): %s", patch.id, variant.name,
@@ -538,6 +574,33 @@ class Engine:
         else:
             entry.set(State.APPLIED)
             logger.info("patchkit: %s applied (variant %s)", patch.id, variant.name)
+        return None
+
+    @contextlib.contextmanager
+    def _abandoned_on_interrupt(self, work: _Work) -> Iterator[None]:
+        """Run a decide-and-install pass; on any exception, give up the claims it still holds."""
+        try:
+            yield
+        except BaseException:
+            self._abandon(work)
+            raise
+
+    def _abandon(self, work: _Work) -> None:
+        """Undo what an interrupted pass left half-done (a ``KeyboardInterrupt``, a SIGTERM handler
+        that raised, ``sys.exit`` in a hook): each patch it still holds a claim on is rolled back to
+        what it was before the claim, unless it was completely installed and recorded already, and
+        the claim is released, so the next ``apply_all`` considers it again."""
+        with interrupts.deferred(), self._lock:
+            for job in work.jobs:
+                entry = job.entry
+                if entry.ticket is not job.ticket:
+                    continue  # carried out (or cancelled by a revert) already
+                if not entry.state.installed and entry.installed:
+                    failures = rollback(entry.installed)
+                    if failures:  # what cannot be undone stays recorded: revert() retries it
+                        entry.set(State.FAILED, detail=f"variant {job.variant.name}: interrupted",
+                                  error="; ".join(f"{where}: {error!r}" for where, error in failures))
+                entry.ticket = None
 
     def _drift(self, entry: _Entry, variant: Variant) -> "Drift | None":
         """Compare the targets with compat_matrix.yaml; strict mode refuses a drifted variant."""
@@ -565,14 +628,15 @@ class Engine:
         """Post-import hook: advance every patch that was waiting for ``module``."""
         work = _Work()
         first: Exception | None = None
-        with self._lock:
-            for entry in self._entries.values():
-                if entry.state is State.PENDING and module in entry.waiting_for and entry.ticket is None:
-                    try:
-                        self._advance_safely(entry, f"on import of {module}", work, just_imported=module)
-                    except Exception as exc:  # strict: recorded; raised once the others are decided
-                        first = first or exc
-        self._carry_out_all(work)
+        with self._abandoned_on_interrupt(work):
+            with self._lock:
+                for entry in self._entries.values():
+                    if entry.state is State.PENDING and module in entry.waiting_for and entry.ticket is None:
+                        try:
+                            self._advance_safely(entry, f"on import of {module}", work, just_imported=module)
+                        except Exception as exc:  # strict: recorded; raised once the others are decided
+                            first = first or exc
+            self._carry_out_all(work)
         if first is not None:
             raise first
 
@@ -591,18 +655,33 @@ class Engine:
             entry.ticket = None  # an install in progress in another thread will not commit
             if entry.installed:
                 try:
-                    uninstall_all(entry.patch.id, entry.installed)
-                except ForeignWrapperError as exc:
-                    entry.reason, entry.detail = Reason.FOREIGN_WRAPPER, str(exc)
+                    self._uninstall(entry)
+                except (ForeignWrapperError, UndoError):
                     raise
-                except UndoError as exc:
-                    entry.set(State.FAILED, detail="partly reverted", error=str(exc))
+                except BaseException:
+                    # Interrupted half-way: finish restoring (a second signal is held meanwhile), so
+                    # no patch is left half-reverted under a status that says applied.
+                    with interrupts.deferred(), contextlib.suppress(ForeignWrapperError, UndoError):
+                        self._uninstall(entry)
                     raise
+            elif entry.state.installed:  # an interrupted revert restored everything but had not said so
                 entry.set(State.REVERTED, detail="originals restored")
-                logger.info("patchkit: %s reverted", patch_id)
             elif entry.state is State.PENDING or cancelled:
                 entry.set(State.REVERTED, detail="no longer waiting for import")
             return entry.record()
+
+    def _uninstall(self, entry: _Entry) -> None:
+        """Restore ``entry``'s originals and record the outcome (under the lock)."""
+        try:
+            uninstall_all(entry.patch.id, entry.installed)
+        except ForeignWrapperError as exc:
+            entry.reason, entry.detail = Reason.FOREIGN_WRAPPER, str(exc)
+            raise
+        except UndoError as exc:
+            entry.set(State.FAILED, detail="partly reverted", error=str(exc))
+            raise
+        entry.set(State.REVERTED, detail="originals restored")
+        logger.info("patchkit: %s reverted", entry.patch.id)
 
     def revert_all(self) -> list[PatchStatus]:
         """Revert every patch that can be, then raise one ``RevertError`` naming each that could not.
@@ -671,14 +750,22 @@ def _imported(module: str) -> bool:
     """In ``sys.modules`` and done executing. A module that imports another target module is in
     ``sys.modules`` while it still runs: installing then would find its attributes missing."""
     found = sys.modules.get(module)
-    return found is not None and not getattr(getattr(found, "__spec__", None), "_initializing", False)
+    if found is None or not getattr(getattr(found, "__spec__", None), "_initializing", False):
+        return found is not None
+    from . import hooks  # only for a module flagged as importing: hooks settles one whose end was interrupted
+
+    return not hooks.initializing(found)
 
 
 def _watch(module: str) -> None:
     """Call :func:`_dispatch` for ``module`` once it has finished importing: now if it has, when its
     import in flight completes, or at its first import. Never called with an engine lock held."""
+    from . import hooks
+
     with _WATCH_LOCK:
-        if module in _ARMED:
+        # Armed and still registered: nothing to do. (_ARMED alone can be stale when an interruption
+        # came between noting a module here and registering its hook.)
+        if module in _ARMED and hooks.is_watched(module):
             return
         waiting = not _imported(module)
         if waiting:
@@ -686,7 +773,6 @@ def _watch(module: str) -> None:
     if not waiting:
         _dispatch(module)
         return
-    from . import hooks
 
     hooks.register(module, _on_import)  # runs it at once if the import finished meanwhile
     if _imported(module):

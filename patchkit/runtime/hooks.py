@@ -45,8 +45,48 @@ _local = threading.local()  # names this thread is resolving through the other f
 
 
 def initializing(module: object) -> bool:
-    """Whether ``module`` is in the middle of its import (its code has not finished running)."""
-    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
+    """Whether ``module`` is in the middle of its import (its code has not finished running).
+
+    An armed import whose end was interrupted is settled here (see :func:`_settle`), so it does not
+    count as in flight for ever.
+    """
+    spec = getattr(module, "__spec__", None)
+    if not getattr(spec, "_initializing", False):
+        return False
+    return not (isinstance(spec, _ArmedSpec) and _settle(spec))
+
+
+def _import_in_flight(name: str) -> bool:
+    """Whether a thread still holds (or may hold) module ``name``'s import lock.
+
+    Reads ``importlib._bootstrap._module_locks``, a private CPython detail (3.3 to 3.13): a module
+    lock is created for an import and dropped with it, so no entry means no import in flight. If
+    the detail is missing, the answer is "maybe" (True), which keeps the behaviour of waiting.
+    """
+    import importlib._bootstrap as bootstrap
+
+    locks = getattr(bootstrap, "_module_locks", None)
+    if not isinstance(locks, dict):
+        return True
+    ref = locks.get(name)
+    return ref is not None and ref() is not None
+
+
+def _settle(spec: "_ArmedSpec") -> bool:
+    """Finish an armed import whose last step was interrupted; True if it was.
+
+    The import machinery clears ``spec._initializing`` in a ``finally`` through our ``__setattr__``:
+    a signal delivered as that Python call begins (before its first line) leaves the flag set and
+    the hooks unrun, though the module's code has run and no thread imports it any more. Such a
+    module would look mid-import for ever. If no import of it is in flight, clear the flag; its hooks
+    run at the next :func:`register` for that name (not here: a caller may hold a lock that a hook
+    must not be run under).
+    """
+    if _import_in_flight(spec.name):
+        return False
+    object.__setattr__(spec, "_initializing", False)
+    object.__setattr__(spec, "__class__", ModuleSpec)
+    return True
 
 
 def register(name: str, hook: Hook) -> None:
@@ -59,7 +99,14 @@ def register(name: str, hook: Hook) -> None:
             if module is not None:
                 _arm(getattr(module, "__spec__", None), name)
             return
-    hook(module)
+        leftover = _hooks.pop(name, [])  # of an import whose end was interrupted (see _settle)
+    for waiting in (*leftover, hook):
+        waiting(module)
+
+
+def is_watched(name: str) -> bool:
+    """Whether hooks are waiting for module ``name``."""
+    return name in _hooks
 
 
 def watched() -> list[str]:

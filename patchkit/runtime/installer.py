@@ -3,6 +3,13 @@
 Attributes are read and written through the owner's ``__dict__`` semantics: the raw class attribute
 (a ``staticmethod`` object, not the function it wraps) is what is saved and restored, and an
 attribute that was inherited rather than owned is deleted on revert instead of being copied down.
+
+Interruptions. An exception can arrive between any two lines (a ``KeyboardInterrupt``, a SIGTERM
+handler that raises, a trace function): the records are therefore kept so that every point is
+recoverable. A step is recorded *before* its attribute is set, restoring is idempotent (a target
+that already holds its original is left alone), and a restored step is dropped from the record
+only after it was restored; so whatever was interrupted, undoing the record again puts every
+original back and never mistakes patchkit's own half-done work for a foreign wrapper.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ import importlib.util
 import sys
 from typing import Any, Callable, NamedTuple
 
+from . import interrupts
 from .declaration import Action, Add, Call, Reference, Replace, Target
 from .errors import ForeignWrapperError, PatchInstallError, TargetResolutionError, UndoError
 
@@ -75,6 +83,16 @@ def _unwrapped(raw: Any) -> Any:
     return raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
 
 
+def _redefines(current: Any, original: Any) -> bool:
+    """``current`` is another function object made from the same ``def`` as ``original`` (same file,
+    line and name): what re-running the original's module leaves at the target."""
+    code, before = getattr(_unwrapped(current), "__code__", None), getattr(_unwrapped(original), "__code__", None)
+    if code is None or before is None or current is original:
+        return False
+    return (code.co_filename, code.co_firstlineno, code.co_name) == (
+        before.co_filename, before.co_firstlineno, before.co_name)
+
+
 class Installed(NamedTuple):
     """One attribute patchkit set, with what it needs to put things back."""
 
@@ -83,11 +101,40 @@ class Installed(NamedTuple):
     name: str
     previous: Any  #: the owner's own value before, or _ABSENT if it had none
     installed: Any
+    where: Target | None = None  #: the declared target, to look it up again (see is_displaced)
+
+    def _current(self) -> Any:
+        return getattr(self.owner, "__dict__", {}).get(self.name, _ABSENT)
 
     def is_outermost(self) -> bool:
-        return getattr(self.owner, "__dict__", {}).get(self.name, _ABSENT) is self.installed
+        return self._current() is self.installed
+
+    def is_restored(self) -> bool:
+        """The target holds its original again (or never received patchkit's object), or a new
+        definition of it (its module was reloaded): either way, nothing of patchkit's is there."""
+        current = self._current()
+        return current is self.previous or (current is not self.installed and _redefines(current, self.previous))
+
+    def apply(self) -> None:
+        setattr(self.owner, self.name, self.installed)
+
+    def is_displaced(self) -> bool:
+        """The target no longer uses patchkit's object, though nothing reverted it: its module was
+        reloaded or imported again (the target's path now leads to a new class or module), or the
+        attribute holds a new definition of the original code (``importlib.reload`` re-runs a
+        module's ``def``s). A third party's wrapper on top is not displacement (see ``revert``)."""
+        if self.where is not None and sys.modules.get(self.where.module) is not None:
+            try:
+                if resolve_owner(self.where) is not self.owner:
+                    return True
+            except TargetResolutionError:
+                return True
+        return not self.is_outermost() and _redefines(self._current(), self.previous)
 
     def restore(self) -> None:
+        """Put the original back; a no-op if it is already there (an interrupted undo is retried)."""
+        if self.is_restored():
+            return
         if self.previous is _ABSENT:
             delattr(self.owner, self.name)
         else:
@@ -102,6 +149,9 @@ class Registration(NamedTuple):
 
     def is_outermost(self) -> bool:
         return True
+
+    def is_restored(self) -> bool:
+        return False
 
     def restore(self) -> None:
         self.undo()
@@ -148,11 +198,15 @@ def prepare_all(patch_id: str, actions: tuple[Action, ...], package: str | None)
     return prepared
 
 
-def _install_one(item: Prepared) -> Installed | Registration:
+def _install_one(item: Prepared, done: list[Installed | Registration]) -> None:
+    """Install one action, recording it in ``done`` before its attribute is set (see the module doc)."""
     action = item.action
     if isinstance(action, Call):
-        item.obj()
-        return Registration(f"{action.after}: {getattr(item.obj, '__qualname__', item.obj)}", item.undo)
+        # The install callable is one step to patchkit: a signal is held until it is recorded.
+        with interrupts.deferred():
+            item.obj()
+            done.append(Registration(f"{action.after}: {getattr(item.obj, '__qualname__', item.obj)}", item.undo))
+        return
     (target,) = action.targets
     owner = resolve_owner(target)
     name = target.attribute
@@ -169,29 +223,36 @@ def _install_one(item: Prepared) -> Installed | Registration:
         else:
             new = _same_binding(current, item.obj(_unwrapped(current)))
     previous = owner.__dict__[name] if _owns(owner, name) else _ABSENT
-    setattr(owner, name, new)
-    return Installed(str(target), owner, name, previous, new)
+    installed = Installed(str(target), owner, name, previous, new, target)
+    done.append(installed)
+    installed.apply()
 
 
-def install_all(patch_id: str, prepared: list[Prepared]) -> list[Installed | Registration]:
+def install_all(patch_id: str, prepared: list[Prepared],
+                done: list[Installed | Registration] | None = None) -> list[Installed | Registration]:
     """Install every prepared action or none: on failure, undo what was done, newest first, and raise.
 
-    ``TargetResolutionError`` is re-raised as is (the caller reports it as a missing target) when
-    the rollback was complete; anything else, or a rollback that could not undo every step, becomes
-    ``PatchInstallError`` naming the target, with ``leftovers`` holding what is still installed.
+    ``done`` (a new list if not given) is filled in place as each step installs, so a caller holding
+    it always knows what is installed, even if an exception interrupts this function. Any exception,
+    a ``KeyboardInterrupt`` included, rolls back what was done; ``KeyboardInterrupt`` and
+    ``SystemExit`` are then re-raised as they are. ``TargetResolutionError`` is re-raised as is (the
+    caller reports it as a missing target) when the rollback was complete; anything else, or a
+    rollback that could not undo every step, becomes ``PatchInstallError`` naming the target, with
+    ``leftovers`` holding what is still installed (``done`` itself).
     """
-    done: list[Installed | Registration] = []
+    done = [] if done is None else done
     for item in prepared:
         try:
-            done.append(_install_one(item))
+            _install_one(item, done)
         except BaseException as exc:
-            failures = rollback(done)
+            with interrupts.deferred():
+                failures = rollback(done)
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
             if isinstance(exc, TargetResolutionError) and not failures:
                 raise
             error = PatchInstallError(patch_id, _where(item.action), exc, failures)
-            error.leftovers = list(done)
+            error.leftovers = done
             raise error from exc
     return done
 
@@ -200,29 +261,32 @@ def rollback(done: list[Installed | Registration]) -> list[tuple[str, BaseExcept
     """Undo ``done`` newest first, going on past a step that raises.
 
     Afterwards ``done`` holds only the steps whose undo raised (still installed), and the result
-    names each with its error: nothing else is left behind, and nothing is lost.
+    names each with its error: nothing else is left behind, and nothing is lost. A step leaves
+    ``done`` only once it is restored, so if this is itself interrupted, ``done`` still holds every
+    step that may need undoing (restoring one twice is harmless).
     """
     failures: list[tuple[str, BaseException]] = []
-    kept: list[Installed | Registration] = []
-    for item in reversed(done):
+    for index in range(len(done) - 1, -1, -1):
+        item = done[index]
         try:
             item.restore()
         except Exception as exc:
             failures.append((item.target, exc))
-            kept.append(item)
-    done[:] = list(reversed(kept))
+            continue
+        del done[index]
     return failures
 
 
 def uninstall_all(patch_id: str, done: list[Installed | Registration]) -> None:
     """Restore the originals by identity, newest first, but only if patchkit's objects are outermost.
 
-    If a third party installed something on top of any of them, nothing is touched and
+    A step whose target already holds its original (an earlier, interrupted call restored it) counts
+    as restored. If a third party installed something on top of any of them, nothing is touched and
     ``ForeignWrapperError`` names the targets: stripping their wrapper silently would break them.
     If an undo step raises, the others still run; ``done`` keeps the steps that failed (so a later
     call retries exactly those) and ``UndoError`` names each.
     """
-    foreign = [item.target for item in done if not item.is_outermost()]
+    foreign = [item.target for item in done if not item.is_outermost() and not item.is_restored()]
     if foreign:
         raise ForeignWrapperError(patch_id, foreign)
     failures = rollback(done)

@@ -15,6 +15,9 @@ class State(str, Enum):
     SKIPPED = "skipped"
     FAILED = "failed"
     REVERTED = "reverted"
+    #: Installed, but a target no longer holds patchkit's object although nothing reverted it: its
+    #: module was reloaded (``importlib.reload``) or imported anew. ``apply_all()`` installs it again.
+    DISPLACED = "displaced"
 
     @property
     def installed(self) -> bool:

@@ -247,3 +247,21 @@ def test_targets_in_a_module_and_one_it_imports_install_after_both_finish(engine
     (record,) = engine.status()
     assert record.state is State.APPLIED, record.detail
     assert core.Model().forward(1) == 1001 and core.helper.helper(3) == -3
+
+
+def test_status_says_displaced_after_a_reload_and_apply_all_installs_the_patch_again(engine, make_upstream):
+    import importlib
+
+    up = make_upstream()
+    core = up.import_core()
+    engine.register(make_patch(up, three_targets(up)))
+    engine.apply_all()
+    importlib.reload(core)  # re-runs the module: a new Model class and a new compute, unpatched
+    assert core.Model().forward(1) == 2
+    (record,) = engine.status()
+    assert record.state is State.DISPLACED and "reloaded" in record.detail
+    (record,) = engine.apply_all()
+    assert record.state is State.APPLIED
+    assert snapshot(core) == (patched_forward, patched_backward, patched_compute)
+    (record,) = engine.revert_all()
+    assert record.state is State.REVERTED and core.Model().forward(1) == 2 and core.compute(1) == 10
