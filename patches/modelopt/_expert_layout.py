@@ -26,7 +26,8 @@ from ._export_errors import QATExportError
 ExpertLayout = Literal["per_expert", "fused"]
 EXPERT_LAYOUTS: tuple[str, ...] = ("per_expert", "fused")
 
-_FUSED = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<group>w13|w2)_(?P<kind>weight|weight_scale|weight_scale_2|input_scale)$")
+_FUSED = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<group>w13|w2)_"
+                    r"(?P<kind>weight|weight_scale|weight_scale_2|input_scale)$")
 
 
 def check_expert_layout(layout: object) -> ExpertLayout:

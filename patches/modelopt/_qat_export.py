@@ -29,11 +29,11 @@ import torch
 from modelopt.torch.quantization.nn import TensorQuantizer
 from torch import nn
 
+from ._expert_layout import ExpertLayout, check_expert_layout, split_fused_experts
 from ._export_errors import QATExportError
 from ._export_finite import NonFiniteWeights
 from ._export_names import export_order_key, global_names
 from ._export_tensors import QuantSpec, checkpoint_tensors
-from ._expert_layout import ExpertLayout, check_expert_layout, split_fused_experts
 from ._fused_experts import fuse_experts
 
 logger = logging.getLogger(__name__)
