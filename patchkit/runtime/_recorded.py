@@ -108,6 +108,10 @@ RECORDS = {
     },
     'bridge.signal_handler_main_thread': {
         'main-thread-only': (
+            ((('megatron-bridge', '0.2.0rc6'),), 'verified', (
+                ('megatron.bridge.training.utils.sig_utils:DistributedSignalHandler.__enter__', 'e496f94652d84767'),
+                ('megatron.bridge.training.utils.sig_utils:DistributedSignalHandler.release', '11e8cb4f3a67e49e'),
+            )),
             ((('megatron-bridge', '0.3.1'),), 'verified', (
                 ('megatron.bridge.training.utils.sig_utils:DistributedSignalHandler.__enter__', 'e496f94652d84767'),
                 ('megatron.bridge.training.utils.sig_utils:DistributedSignalHandler.release', '11e8cb4f3a67e49e'),
