@@ -207,32 +207,35 @@ def lock(session: nox.Session) -> None:
     CONSTRAINTS.mkdir(exist_ok=True)
     # Resolve against the package index alone, so the lock is the same on every machine.
     environ = {key: value for key, value in os.environ.items() if key not in ("UV_FIND_LINKS", "UV_CONSTRAINT")}
+
+    def compile_hashed(what: str, *arguments: str) -> str:
+        """`uv pip compile` with hashes and without comments; the session fails with uv's message."""
+        done = subprocess.run([find_uv_bin(), "pip", "compile", "--quiet", "--no-header", "--no-annotate",
+                               "--generate-hashes", *arguments], capture_output=True, text=True, env=environ,
+                              check=False)
+        if done.returncode != 0:
+            session.error(f"uv pip compile failed for {what}:\n{done.stderr}")
+        return done.stdout
+
     if "tools" in names:
         names.remove("tools")
         session.log("lock tools: devtools/tools.txt, every Python from 3.10")
-        done = subprocess.run([find_uv_bin(), "pip", "compile", "--quiet", "--no-header", "--no-annotate",
-                               "--generate-hashes", "--universal", "--python-version", "3.10",
-                               str(ROOT / "devtools" / "tools.in")], capture_output=True, text=True, env=environ,
-                              check=False)
-        if done.returncode != 0:
-            session.error(f"uv pip compile failed for devtools/tools.in:\n{done.stderr}")
+        compiled = compile_hashed("devtools/tools.in", "--universal", "--python-version", "3.10",
+                                  str(ROOT / "devtools" / "tools.in"))
         (ROOT / "devtools" / "tools.txt").write_text(
             "# The README commands' tools, compiled from devtools/tools.in by `python3 -m nox -s lock -- tools`.\n"
-            + done.stdout)
+            + compiled)
     for name in names:
         inputs = _lock_inputs(name)
+        session.log(f"lock {name}: Python {inputs.python}, {len(inputs.requirements)} requirements")
         with tempfile.TemporaryDirectory() as scratch:
             requirements = pathlib.Path(scratch) / "requirements.in"
             requirements.write_text("\n".join(inputs.requirements) + "\n")
-            command = [find_uv_bin(), "pip", "compile", "--quiet", "--no-header", "--no-annotate", "--generate-hashes",
-                       "--python-version", inputs.python, "--python-platform", "x86_64-manylinux_2_28",
-                       *(arg for path in inputs.overrides for arg in ("--override", str(ROOT / path))),
-                       str(requirements)]
-            session.log(f"lock {name}: Python {inputs.python}, {len(inputs.requirements)} requirements")
-            done = subprocess.run(command, capture_output=True, text=True, env=environ, check=False)
-        if done.returncode != 0:
-            session.error(f"uv pip compile failed for {name}:\n{done.stderr}")
-        (CONSTRAINTS / f"{name}.txt").write_text(locks.render(name, inputs, done.stdout))
+            compiled = compile_hashed(name, "--python-version", inputs.python, "--python-platform",
+                                      "x86_64-manylinux_2_28",
+                                      *(arg for path in inputs.overrides for arg in ("--override", str(ROOT / path))),
+                                      str(requirements))
+        (CONSTRAINTS / f"{name}.txt").write_text(locks.render(name, inputs, compiled))
 
 
 @nox.session(python=False)
