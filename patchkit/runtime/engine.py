@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, NamedTuple, 
 from . import gating, interrupts
 from . import settings as settings_module
 from .catalogue import CatalogueError, Registered
+from .decision import Decision, Facts, Step, Trigger, decide, next_step, switched_off
 from .declaration import Patch, Variant, validate
 from .errors import (
     ConfigError,
@@ -56,7 +57,7 @@ from .errors import (
 from .installer import Installed, Prepared, Registration, install_all, prepare_all, rollback, uninstall_all
 from .settings import Settings
 from .status import PatchStatus, Reason, State
-from .versions import InstalledVersion, Outcome, installed_version, select_variant
+from .versions import installed_version
 
 if TYPE_CHECKING:  # the drift module is imported only when a patch installs
     from .drift import Drift, MatrixSource
@@ -136,11 +137,12 @@ class _Job(NamedTuple):
 
     entry: _Entry
     ticket: _Ticket
-    variant: Variant
-    forced: bool
-    unsupported_detail: str
-    #: Set when the variant applies past its range because its code is identical (code-identity gating).
-    identical: str | None = None
+    decision: Decision
+
+    @property
+    def variant(self) -> Variant:
+        assert self.decision.variant is not None
+        return self.decision.variant
 
 
 class _Work:
@@ -261,9 +263,12 @@ class Engine:
                 if chosen is None:
                     return self.status()
                 for entry in self._entries.values():
-                    if entry.state.installed and entry.ticket is None and entry.displaced():
+                    step = next_step(entry.state, Trigger.APPLY_ALL, claimed=entry.ticket is not None,
+                                     displaced=entry.state.installed and bool(entry.displaced()))
+                    if step is Step.REINSTALL:
                         self._forget_displaced(entry)
-                    if not entry.state.installed and entry.state is not State.FAILED and entry.ticket is None:
+                        step = next_step(entry.state, Trigger.APPLY_ALL, claimed=False)
+                    if step is Step.DECIDE:
                         self._consider(entry, chosen, work)
             self._carry_out_all(work)
         return self.status()
@@ -287,7 +292,7 @@ class Engine:
                 if chosen is None:
                     return [entry.record() for entry in selected]
                 for entry in selected:
-                    if not entry.state.installed and entry.ticket is None:
+                    if next_step(entry.state, Trigger.APPLY, claimed=entry.ticket is not None) is Step.DECIDE:
                         self._consider(entry, chosen, work)
             self._carry_out_all(work)
         if import_targets:
@@ -363,14 +368,10 @@ class Engine:
             logger.setLevel(chosen.log_level)
 
     def _consider(self, entry: _Entry, chosen: Settings, work: _Work) -> None:
-        patch = entry.patch
         entry.settings = chosen
-        if not chosen.is_enabled(patch.id, patch.opt_in):
-            reason = Reason.OPT_IN if patch.opt_in and chosen.enable is None else Reason.DISABLED
-            why = "opt-in: enable with PATCHKIT_ENABLE" if reason is Reason.OPT_IN else "not in PATCHKIT_ENABLE"
-            entry.set(State.SKIPPED, reason, why)
-        elif chosen.is_disabled(patch.id):
-            entry.set(State.SKIPPED, Reason.DISABLED, "disabled by PATCHKIT_DISABLE")
+        off = switched_off(entry.patch, chosen)  # before any fact is gathered: a switched-off patch costs nothing
+        if off is not None:
+            entry.set(State.SKIPPED, off.reason, off.detail)
         else:
             self._advance_safely(entry, "while applying", work)
 
@@ -393,83 +394,58 @@ class Engine:
         entry.set(State.FAILED, detail=context, error=error)
         logger.error("patchkit: %s failed %s: %s", entry.patch.id, context, error)
 
-    def _advance(self, entry: _Entry, work: _Work, just_imported: str | None = None) -> None:
-        """Take ``entry`` as far as the installed upstreams and imported modules allow, under the lock:
-        record a skip, wait for an import (``work.watch``), or claim the install (``work.jobs``).
+    def _facts(self, entry: _Entry, just_imported: str | None) -> Facts:
+        """What :func:`~patchkit.runtime.decision.decide` needs to know about this process for ``entry``.
 
         ``just_imported`` is the module whose post-import hook is running: it has finished executing
         though Python still flags it as initialising until the hook returns.
         """
-        patch = entry.patch
-        found: dict[str, InstalledVersion] = {
-            dist: installed_version(dist, patch.version_modules.get(dist)) for dist in patch.distributions
-        }
-        entry.versions = {dist: v.raw for dist, v in found.items()}
-        selection = select_variant(patch, found)
-        forced = False
-        if selection.outcome is Outcome.NOT_INSTALLED:
-            entry.set(State.SKIPPED, Reason.NOT_INSTALLED, selection.detail)
-            logger.debug("patchkit: %s skipped: %s", patch.id, selection.detail)
-            return
-        if selection.outcome is Outcome.DEFERRED:
-            self._wait(entry, selection.waiting_for, selection.detail, work)
-            return
-        forced_native = gating.native_refusal(patch, found, selection) if entry.settings.is_forced(patch.id) else None
-        if forced_native is not None:
-            refused = ForceRefusedError(patch.id, entry.versions, forced_native.name,
-                                        forced_native.native or "native")
-            entry.variant = forced_native
-            entry.set(State.SKIPPED, Reason.NATIVE, forced_native.native or "native", error=str(refused))
-            if entry.settings.strict:
-                raise refused
-            logger.error("patchkit: %s", refused)
-            return
-        identical = None
-        if selection.outcome is Outcome.UNSUPPORTED:
-            nearest = selection.nearest
-            if entry.settings.is_forced(patch.id) and nearest is not None:
-                forced = True
-                entry.variant = nearest
-            elif nearest is not None and gating.identity_applies(patch, found, selection):
-                # A release past every range: the nearest variant applies if its code is identical,
-                # which can be read only once its modules are imported (patchkit never imports them).
-                blocker = gating.identity_blocker(patch, nearest, self._matrix, entry.settings.strict)
-                if blocker is not None:
-                    self._unsupported(entry, f"{selection.detail}; not code-identical: {blocker}", blocker)
-                    return
-                missing = tuple(m for m in nearest.modules if m != just_imported and not _imported(m))
-                if missing:
-                    self._wait(entry, missing, f"{selection.detail}; its code is compared with variant "
-                                               f"{nearest.name} once {', '.join(missing)} is imported", work)
-                    return
-                identity = gating.identity(patch, nearest, self._matrix, entry.settings.strict)
-                if not identity.identical:
-                    self._unsupported(entry, f"{selection.detail}; not code-identical: {identity.detail}",
-                                      identity.detail)
-                    return
-                identical = (f"code identical: {selection.detail}, but every target of variant {nearest.name} "
-                             f"is code it was verified on: {identity.detail}")
-                entry.variant = nearest
-            else:
-                self._unsupported(entry, selection.detail)
-                return
+        patch, strict = entry.patch, entry.settings.strict
+        return Facts(
+            versions={dist: installed_version(dist, patch.version_modules.get(dist)) for dist in patch.distributions},
+            imported=lambda module: module == just_imported or _imported(module),
+            identity_blocker=lambda variant: gating.identity_blocker(patch, variant, self._matrix, strict),
+            identity=lambda variant: gating.identity(patch, variant, self._matrix, strict),
+        )
+
+    def _advance(self, entry: _Entry, work: _Work, just_imported: str | None = None) -> None:
+        """Take ``entry`` as far as the installed upstreams and imported modules allow, under the lock:
+        record a skip, wait for an import (``work.watch``), or claim the install (``work.jobs``)."""
+        facts = self._facts(entry, just_imported)
+        entry.versions = {dist: v.raw for dist, v in facts.versions.items()}
+        decision = decide(entry.patch, entry.settings, facts)
+        if decision.variant is not None:
+            entry.variant = decision.variant
+        if decision.installs:
+            # The job is listed before the entry is claimed: an interruption in between leaves no
+            # claim that _abandon would not find.
+            ticket = _Ticket()
+            work.jobs.append(_Job(entry, ticket, decision))
+            entry.ticket = ticket
+        elif decision.state is State.PENDING:
+            # Hooks are armed after the lock is released (work.watch): one may fire at once (the
+            # module was imported meanwhile) and must find the entry already pending.
+            entry.set(State.PENDING, None, decision.detail)
+            entry.waiting_for = decision.waiting_for
+            work.watch.extend(decision.waiting_for)
         else:
-            entry.variant = selection.variant
-        variant = entry.variant
-        assert variant is not None
-        if variant.native is not None:
-            entry.set(State.SKIPPED, Reason.NATIVE, variant.native)
-            logger.info("patchkit: %s not needed: %s", patch.id, variant.native)
-            return
-        missing = tuple(m for m in variant.modules if m != just_imported and not _imported(m))
-        if missing:
-            self._wait(entry, missing, f"waiting for {', '.join(missing)} to be imported", work)
-            return
-        # The job is listed before the entry is claimed: an interruption in between leaves no claim
-        # that _abandon would not find.
-        ticket = _Ticket()
-        work.jobs.append(_Job(entry, ticket, variant, forced, selection.detail, identical))
-        entry.ticket = ticket
+            self._skip(entry, decision)
+
+    def _skip(self, entry: _Entry, decision: Decision) -> None:
+        """Record a skip first, then log it: strict mode raises its refusal, and the status must
+        already say why."""
+        patch = entry.patch
+        entry.set(State.SKIPPED, decision.reason, decision.detail, error=decision.error)
+        if decision.refusal is not None and entry.settings.strict:
+            raise decision.refusal
+        if decision.reason is Reason.NOT_INSTALLED:
+            logger.debug("patchkit: %s skipped: %s", patch.id, decision.detail)
+        elif decision.reason is Reason.UNSUPPORTED_VERSION:
+            logger.warning("patchkit: %s skipped: %s", patch.id, decision.detail)
+        elif decision.refusal is not None:
+            logger.error("patchkit: %s", decision.refusal)
+        elif decision.reason is Reason.NATIVE:
+            logger.info("patchkit: %s not needed: %s", patch.id, decision.detail)
 
     def _forget_displaced(self, entry: _Entry) -> None:
         """Before installing a displaced patch again, restore the targets it still holds (an install
@@ -482,15 +458,6 @@ class Engine:
                 logger.error("patchkit: %s is displaced and cannot be installed again: %s", entry.patch.id, exc)
                 return
             entry.set(State.REVERTED, detail="displaced: its module was reloaded; installing it again")
-
-    def _unsupported(self, entry: _Entry, detail: str, identity_detail: str = "") -> None:
-        """Record the skip first: strict mode raises, and the status must already say why."""
-        patch = entry.patch
-        entry.set(State.SKIPPED, Reason.UNSUPPORTED_VERSION, detail)
-        if entry.settings.strict:
-            raise UnsupportedVersionError(patch.id, entry.versions, (v.name for v in patch.variants),
-                                          detail=identity_detail)
-        logger.warning("patchkit: %s skipped: %s", patch.id, detail)
 
     def _carry_out_all(self, work: _Work) -> None:
         """Do what a locked pass decided, without the lock; raise the first strict-mode error after
@@ -512,7 +479,8 @@ class Engine:
         try:
             # A forced variant is already outside its verified range; drift would only say so again. A
             # code-identical one was just compared with every record.
-            drift = None if job.forced or job.identical else self._drift(entry, variant)
+            checked = job.decision.state is State.FORCED or job.decision.identical
+            drift = None if checked else self._drift(entry, variant)
             prepared = prepare_all(patch.id, variant.installs, entry.registered.package)
         except Exception as exc:
             with self._lock:
@@ -526,7 +494,7 @@ class Engine:
         with self._lock, interrupts.deferred():
             if entry.ticket is not job.ticket:
                 return  # reverted or re-decided meanwhile
-            error = self._install(entry, variant, prepared, job.forced, job.unsupported_detail, drift, job.identical)
+            error = self._install(entry, job.decision, prepared, drift)
             entry.ticket = None  # last: until here, an interruption is undone by _abandon
         if error is not None:
             raise error
@@ -548,31 +516,31 @@ class Engine:
         else:
             self._fail(entry, f"variant {variant.name}", exc)
 
-    def _install(self, entry: _Entry, variant: Variant, prepared: list[Prepared], forced: bool,
-                 unsupported_detail: str, drift: "Drift | None", identical: str | None = None) -> Exception | None:
+    def _install(self, entry: _Entry, decision: Decision, prepared: list[Prepared],
+                 drift: "Drift | None") -> Exception | None:
         """Set the attributes and record the outcome (under the lock); returns the error strict mode raises.
 
         ``entry.installed`` is filled in place as each attribute is set, so an interruption at any
         point leaves a record of exactly what is installed (see :meth:`_abandon`).
         """
-        patch = entry.patch
+        patch, variant = entry.patch, decision.variant
+        assert variant is not None
         try:
             install_all(patch.id, prepared, entry.installed)
         except Exception as exc:
             self._install_failed(entry, variant, exc)
             return exc if entry.settings.strict else None
-        if forced:
-            entry.set(State.FORCED, Reason.UNSUPPORTED_VERSION, f"forced: {unsupported_detail}")
-            logger.warning("patchkit: %s applied by force (variant %s): %s", patch.id, variant.name,
-                           unsupported_detail)
-        elif identical is not None:
-            entry.set(State.APPLIED, Reason.CODE_IDENTICAL, identical)
-            logger.warning("patchkit: %s applied (variant %s): %s", patch.id, variant.name, identical)
-        elif drift is not None:
+        if decision.reason is None and drift is not None:
             entry.set(State.APPLIED, Reason.DRIFTED, drift.detail)
             logger.warning("patchkit: %s applied (variant %s), but %s", patch.id, variant.name, drift.detail)
+            return None
+        entry.set(decision.state, decision.reason, decision.detail)
+        if decision.state is State.FORCED:
+            logger.warning("patchkit: %s applied by force (variant %s): %s", patch.id, variant.name,
+                           decision.detail.removeprefix("forced: "))
+        elif decision.reason is not None:
+            logger.warning("patchkit: %s applied (variant %s): %s", patch.id, variant.name, decision.detail)
         else:
-            entry.set(State.APPLIED)
             logger.info("patchkit: %s applied (variant %s)", patch.id, variant.name)
         return None
 
@@ -617,13 +585,6 @@ class Engine:
             raise DriftError(found.patch_id, found.variant, found.targets, found.compared)
         return found
 
-    def _wait(self, entry: _Entry, modules: tuple[str, ...], detail: str, work: _Work) -> None:
-        # Hooks are armed after the lock is released (work.watch): one may fire at once (the module
-        # was imported meanwhile) and must find the entry already pending.
-        entry.set(State.PENDING, None, detail)
-        entry.waiting_for = modules
-        work.watch.extend(modules)
-
     def _module_imported(self, module: str) -> None:
         """Post-import hook: advance every patch that was waiting for ``module``."""
         work = _Work()
@@ -631,7 +592,9 @@ class Engine:
         with self._abandoned_on_interrupt(work):
             with self._lock:
                 for entry in self._entries.values():
-                    if entry.state is State.PENDING and module in entry.waiting_for and entry.ticket is None:
+                    if module not in entry.waiting_for:
+                        continue
+                    if next_step(entry.state, Trigger.IMPORT, claimed=entry.ticket is not None) is Step.DECIDE:
                         try:
                             self._advance_safely(entry, f"on import of {module}", work, just_imported=module)
                         except Exception as exc:  # strict: recorded; raised once the others are decided
