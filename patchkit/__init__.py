@@ -9,13 +9,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import threading
 from typing import Mapping, Sequence
 
-from .runtime import probing
+from ._version import __version__ as __version__
+from .runtime import probing, process_engine
 from .runtime.catalogue import Registered
 from .runtime.declaration import Add, Call, Patch, Replace, Target, Variant, Wrap
-from .runtime.engine import Engine
+from .runtime.engine import Engine, warn
 from .runtime.errors import (
     ConfigError,
     DeclarationError,
@@ -33,8 +33,6 @@ from .runtime.errors import (
 )
 from .runtime.status import PatchStatus, Reason, State
 
-__version__ = "0.1.0"
-
 __all__ = [
     "Add", "Call", "ConfigError", "DeclarationError", "DriftError", "Engine", "ForceRefusedError",
     "ForeignWrapperError", "Patch", "PatchInstallError", "PatchStatus", "PatchkitError", "PatchkitWarning", "Reason",
@@ -45,30 +43,8 @@ __all__ = [
 
 logging.getLogger("patchkit").addHandler(logging.NullHandler())
 
-_engine: Engine | None = None
-_engine_lock = threading.Lock()
-
-
-def _after_fork_in_child() -> None:
-    global _engine_lock
-    _engine_lock = threading.Lock()  # a thread that held it does not exist in the child
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def engine() -> Engine:
-    """The process-wide engine, loading the shipped catalogue on first use."""
-    global _engine
-    if _engine is None:
-        with _engine_lock:
-            if _engine is None:
-                from .runtime import catalogue
-
-                patches, errors = catalogue.load()
-                _engine = Engine(patches, errors)
-    return _engine
+#: The process-wide engine, loading the shipped catalogue on first use.
+engine = process_engine.engine
 
 
 def apply_all(
@@ -96,11 +72,8 @@ def register_extra_patches(environ: Mapping[str, str] | None = None) -> None:
     reports it with every other malformed variable (``config_error``, or ``ConfigError`` if strict)."""
     if not (os.environ if environ is None else environ).get("PATCHKIT_EXTRA_PATCHES"):
         return
-    from .processes.autoload import register_extra_patches as register
-    from .runtime.engine import warn
-
     try:
-        problems = register(environ)[1]
+        problems = process_engine.register_extra_patches(environ)[1]
     except ConfigError:
         return
     for problem in problems:

@@ -65,9 +65,9 @@ def upstream_behaviour(patch_id: str, engine: Any = None) -> Iterator[None]:
     from .runtime.installer import Installed
 
     if engine is None:
-        import patchkit
+        from .runtime.process_engine import engine as process_engine
 
-        engine = patchkit.engine()
+        engine = process_engine()
     installed = engine.installed_actions(patch_id)
     if not installed:
         raise ValueError(f"{patch_id} installed nothing in this process: apply it first")
@@ -90,9 +90,9 @@ def patches_as_they_were(engine: Any = None) -> Iterator[None]:
     runs it in the test process would otherwise leave patches installed for the tests after it.
     """
     if engine is None:
-        import patchkit
+        from .runtime.process_engine import engine as process_engine
 
-        engine = patchkit.engine()
+        engine = process_engine()
     before = {s.id for s in engine.status() if s.state.installed}
     try:
         yield

@@ -29,7 +29,7 @@ from typing import IO, Any, Callable, Iterable, Iterator, Mapping, NamedTuple, S
 
 from ..runtime.catalogue import Registered
 from ..runtime.declaration import Patch, Replace, Wrap
-from ..runtime.drift import MatrixSource
+from ..runtime.drift import RecordSource
 from ..runtime.engine import Engine
 from ..runtime.errors import ConfigError, UnknownPatchError
 from ..runtime.status import PatchStatus, Reason, State
@@ -161,7 +161,7 @@ def _describe(exc: BaseException) -> str:
     return f"the self-check raised {type(exc).__name__}: {exc}{where}"
 
 
-def fingerprints(patch: Patch, status: PatchStatus, matrix: MatrixSource = None) -> dict[str, dict[str, str | None]]:
+def fingerprints(patch: Patch, status: PatchStatus, matrix: RecordSource = None) -> dict[str, dict[str, str | None]]:
     """Each Replace/Wrap target's installed fingerprint and how it compares with the variant's records.
 
     The records are the ones the engine's drift check uses (``matrix``: the engine's source; None,
@@ -196,7 +196,7 @@ def fingerprints(patch: Patch, status: PatchStatus, matrix: MatrixSource = None)
 
 
 def examine(registered: Registered, status: PatchStatus, device: str, timeout: float,
-            matrix: MatrixSource = None) -> Verdict:
+            matrix: RecordSource = None) -> Verdict:
     """The verdict for one patch, given its status after applying."""
     patch = registered.patch
     if status.state is State.FAILED:

@@ -13,10 +13,15 @@ else of the matrix (environments, signatures, notes) is copied.
 
 from __future__ import annotations
 
+import logging
+import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Union
 
+from ..runtime.errors import PatchkitError
 from .model import Matrix
+
+logger = logging.getLogger(__name__)
 
 #: The generated module, beside the runtime that reads it.
 PATH = Path(__file__).resolve().parents[1] / "runtime" / "_recorded.py"
@@ -73,3 +78,33 @@ def is_shipped(path: Path) -> bool:
 
     shipped = default_path()
     return shipped is not None and shipped.resolve() == Path(path).resolve()
+
+
+#: What :func:`records` returns: patch id -> variant name -> records (the runtime's ``drift.Index``).
+Records = dict[str, dict[str, tuple[Any, ...]]]
+
+
+def source(matrix: Union[str, "os.PathLike[str]", Matrix]) -> Callable[[bool], "Records | None"]:
+    """The records of another matrix, for ``Engine(matrix=...)`` (tests, embedders): a function the
+    engine calls with ``strict`` when a patch first installs, so the file is read only then.
+
+    A missing file means no records (drift unknown, logged at debug level). A malformed one is
+    logged as an error and means no records too, unless strict: then its ``MatrixError`` is raised.
+    """
+    def records_of(strict: bool) -> Records | None:
+        from . import loader
+
+        if isinstance(matrix, Matrix):
+            return records(matrix)
+        try:
+            return records(loader.load(matrix))
+        except FileNotFoundError:
+            logger.debug("patchkit: no compatibility matrix at %s; drift is not checked", matrix)
+            return None
+        except PatchkitError:
+            if strict:
+                raise
+            logger.error("patchkit: the compatibility matrix is malformed; drift is not checked", exc_info=True)
+            return None
+
+    return records_of

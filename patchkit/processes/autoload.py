@@ -26,7 +26,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ..runtime import catalogue, settings
+from ..runtime import process_engine, settings
 from ..runtime.errors import ConfigError, PatchkitError, PatchkitWarning
 from ..runtime.status import Reason, State
 
@@ -80,29 +80,9 @@ def requested(environ: Mapping[str, str] | None = None) -> bool:
 
 
 def register_extra_patches(environ: Mapping[str, str] | None = None) -> tuple[tuple[str, ...], list[str]]:
-    """Register the patches of the modules named in ``PATCHKIT_EXTRA_PATCHES`` with the engine.
-
-    Each module is imported and its ``PATCHES`` registered, relative references resolving against
-    the module's package, as for the catalogue: all of a module's patches, or none of them (one
-    malformed patch, an id declared twice, or an id another declaration already registered keeps
-    the whole module out). A module that fails is reported and skipped; the others still register.
-    Returns the module names and the problems met. Raises ``ConfigError`` if the variable is malformed.
-    """
-    from .. import engine as default_engine
-
-    env = os.environ if environ is None else environ
-    modules = settings.parse_modules(settings.EXTRA_PATCHES, env.get(settings.EXTRA_PATCHES, ""))
-    problems = []
-    eng = default_engine()
-    for name in modules:
-        try:
-            patches = catalogue.declarations(name)
-            eng.register_all(patches, name.rpartition(".")[0] or None, known_ok=True)
-        except KeyboardInterrupt:
-            raise
-        except BaseException as exc:  # one broken module (even one calling sys.exit) must not keep the others out
-            problems.append(f"{settings.EXTRA_PATCHES}: cannot register patches from {name}: {exc!r}")
-    return modules, problems
+    """Register the patches of the modules named in ``PATCHKIT_EXTRA_PATCHES`` with the engine: see
+    :func:`patchkit.runtime.process_engine.register_extra_patches`."""
+    return process_engine.register_extra_patches(environ)
 
 
 def load(environ: Mapping[str, str] | None = None, *, strict: bool | None = None) -> Outcome:
@@ -131,8 +111,6 @@ def load(environ: Mapping[str, str] | None = None, *, strict: bool | None = None
 
 def _load(environ: Mapping[str, str] | None, strict: bool | None) -> Outcome:
     global _outcome
-    from .. import engine as default_engine
-
     modules: tuple[str, ...] = ()
     problems: list[str] = []
     is_strict = settings.strict_requested(environ, strict)
@@ -147,7 +125,7 @@ def _load(environ: Mapping[str, str] | None, strict: bool | None) -> Outcome:
         _outcome = Outcome(ran=False, skipped="strict mode: extra patches unusable", problems=tuple(problems))
         raise AutoloadError(problems)
     try:
-        records = default_engine().apply_all(environ=environ, strict=strict)
+        records = process_engine.engine().apply_all(environ=environ, strict=strict)
     except Exception as exc:  # strict mode raised: keep it in the outcome, then let it go on
         _outcome = Outcome(ran=True, extra_modules=modules, problems=tuple(problems + [repr(exc)]))
         raise

@@ -168,7 +168,7 @@ def collect(records: Iterable[PatchStatus] | None = None, *, rank: int | None = 
     ``rank`` defaults to the ``torch.distributed`` rank when a process group is initialised (torch
     already imported), else to the ``RANK`` environment variable launchers set, else None.
     """
-    from .. import engine as default_engine
+    from ..runtime.process_engine import engine as default_engine
     from . import autoload
 
     outcome = autoload.outcome()
@@ -179,7 +179,7 @@ def collect(records: Iterable[PatchStatus] | None = None, *, rank: int | None = 
 
 
 def _process(rank: int | None) -> dict[str, Any]:
-    from .. import __version__
+    from .._version import __version__
 
     return {
         "rank": rank if rank is not None else _detected_rank(),

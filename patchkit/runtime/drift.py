@@ -12,10 +12,12 @@ Two questions, both answered from fingerprints (:mod:`patchkit.runtime.fingerpri
   of the nearest variant has a fingerprint equal to one recorded for that variant, the code the
   patch replaces is byte-for-byte (modulo docstrings, comments, layout) code it was verified on.
 
-Where the records come from: by default ``patchkit/runtime/_recorded.py``, a data module the matrix
-tooling generates from ``compat_matrix.yaml`` (``patchkit matrix check`` keeps the two in step), so
-the runtime reads no YAML and imports no tooling. An engine built with an explicit matrix (a path
-or a loaded ``Matrix``: tests, embedders) converts it through the tooling, on first use only.
+Where the records come from: plain data, never YAML. By default ``patchkit/runtime/_recorded.py``, a
+data module the matrix tooling generates from ``compat_matrix.yaml`` (``patchkit matrix check`` keeps
+the two in step). An engine may be given other records (:data:`RecordSource`): the records
+themselves, or a function returning them, called on first use; for another matrix file,
+``patchkit.matrix.index.source(path)`` is that function. The caller passes data, so this module
+imports no tooling.
 
 Costs: fingerprints go through the on-disk cache (:mod:`.fpcache`), so a process parses an upstream
 file only the first time that version of the file is seen on the machine.
@@ -23,26 +25,20 @@ file only the first time that version of the file is seen on the machine.
 
 from __future__ import annotations
 
-import logging
-import os
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, NamedTuple, Union, cast
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Union, cast
 
 from . import distinfo, pep440
 from .declaration import Replace, Target, Variant, Wrap
-from .errors import PatchkitError
-
-logger = logging.getLogger(__name__)
-
-if TYPE_CHECKING:  # only for an explicit matrix; the default source is the generated index
-    from ..matrix.model import Matrix
-
-#: Where the engine reads fingerprints from: a path to a matrix file, a loaded matrix, or None for
-#: the records shipped with patchkit (the generated index).
-MatrixSource = Union[str, "os.PathLike[str]", "Matrix", None]
 
 #: versions (sorted (dist, version) pairs), status, sorted (target, fingerprint or None) pairs
 Record = tuple[tuple[tuple[str, str], ...], str, tuple[tuple[str, "str | None"], ...]]
+#: patch id -> variant name -> its records: what ``_recorded.RECORDS`` holds.
 Index = Mapping[str, Mapping[str, tuple[Record, ...]]]
+
+#: Where the engine reads fingerprints from: None for the records shipped with patchkit, an
+#: :data:`Index`, or a function given ``strict`` that returns one (None: no records, drift unknown)
+#: or raises a typed error, which strict mode lets through.
+RecordSource = Union[Index, Callable[[bool], "Index | None"], None]
 
 VERIFIED = "verified"
 
@@ -71,26 +67,14 @@ class Identity(NamedTuple):
     detail: str
 
 
-def _index(source: MatrixSource, strict: bool) -> Index | None:
+def _index(source: RecordSource, strict: bool) -> Index | None:
     if source is None:
         from ._recorded import RECORDS
 
         return cast(Index, RECORDS)
-    from ..matrix import index, loader  # an explicit matrix only: tests and embedders
-    from ..matrix.model import Matrix
-
-    if isinstance(source, Matrix):
-        return index.records(source)
-    try:
-        return index.records(loader.load(source))
-    except FileNotFoundError:
-        logger.debug("patchkit: no compatibility matrix at %s; drift is not checked", source)
-        return None
-    except PatchkitError:
-        if strict:
-            raise
-        logger.error("patchkit: the compatibility matrix is malformed; drift is not checked", exc_info=True)
-        return None
+    if callable(source):
+        return source(strict)
+    return source
 
 
 def _installed_versions(variant: Variant) -> dict[str, str]:
@@ -125,7 +109,7 @@ def _current(target: str) -> str | None:
     return target_fingerprint(Target.parse(target), persist=True)
 
 
-def check(patch_id: str, variant: Variant, source: MatrixSource = None, strict: bool = False) -> Drift | None:
+def check(patch_id: str, variant: Variant, source: RecordSource = None, strict: bool = False) -> Drift | None:
     """Compare ``variant``'s targets, as installed now, with the records. None: not drifted or unknown."""
     index = _index(source, strict)
     if index is None:
@@ -175,7 +159,7 @@ def _recorded_per_target(index: Index, patch_id: str, variant: Variant) -> dict[
     return found
 
 
-def recorded_fingerprints(patch_id: str, variant: Variant, source: MatrixSource = None) -> dict[str, frozenset[str]]:
+def recorded_fingerprints(patch_id: str, variant: Variant, source: RecordSource = None) -> dict[str, frozenset[str]]:
     """target -> the fingerprints recorded for it on the variant's verified releases (empty: none recorded).
 
     What :func:`check` and :func:`identity` compare with, for reports (``patchkit doctor``). Reads the
@@ -197,7 +181,7 @@ def current_fingerprint(target: str) -> str | None:
         fpcache.flush()
 
 
-def identity_blocker(patch_id: str, variant: Variant, source: MatrixSource = None, strict: bool = False) -> str | None:
+def identity_blocker(patch_id: str, variant: Variant, source: RecordSource = None, strict: bool = False) -> str | None:
     """Why code identity cannot hold whatever is installed (no records, or a target without one), or
     None if it is worth reading the installed code. Needs no upstream module."""
     index = _index(source, strict)
@@ -212,7 +196,7 @@ def identity_blocker(patch_id: str, variant: Variant, source: MatrixSource = Non
     return None
 
 
-def identity(patch_id: str, variant: Variant, source: MatrixSource = None, strict: bool = False) -> Identity:
+def identity(patch_id: str, variant: Variant, source: RecordSource = None, strict: bool = False) -> Identity:
     """Whether every target of ``variant``, as installed now (its modules imported), has a fingerprint
     recorded for it on a version the variant was verified on. For a release beyond every range."""
     blocker = identity_blocker(patch_id, variant, source, strict)

@@ -60,7 +60,7 @@ from .status import PatchStatus, Reason, State
 from .versions import installed_version
 
 if TYPE_CHECKING:  # the drift module is imported only when a patch installs
-    from .drift import Drift, MatrixSource
+    from .drift import Drift, RecordSource
 
 logger = logging.getLogger("patchkit")
 
@@ -163,9 +163,12 @@ class Engine:
     """
 
     def __init__(self, patches: Iterable[Registered] = (), catalogue_errors: Iterable[CatalogueError] = (),
-                 matrix: "MatrixSource" = None) -> None:
+                 matrix: "RecordSource" = None) -> None:
+        if not (matrix is None or callable(matrix) or isinstance(matrix, Mapping)):
+            raise TypeError(f"Engine(matrix=...) takes records, not {type(matrix).__name__}: for a matrix file or "
+                            f"a loaded Matrix, pass patchkit.matrix.index.source(it)")
         self._lock = threading.RLock()
-        #: Where drift fingerprints come from (see patchkit.runtime.drift.MatrixSource); read on first install.
+        #: Where drift fingerprints come from (see patchkit.runtime.drift.RecordSource); read on first install.
         self._matrix = matrix
         self._entries: dict[str, _Entry] = {}
         self._catalogue_errors = tuple(catalogue_errors)
@@ -208,7 +211,7 @@ class Engine:
             self._entries = dict(sorted(self._entries.items()))
 
     @property
-    def matrix(self) -> "MatrixSource":
+    def matrix(self) -> "RecordSource":
         """Where this engine reads recorded fingerprints from (None: the records shipped with patchkit)."""
         return self._matrix
 

@@ -23,7 +23,7 @@ from .declaration import Patch, Variant
 from .versions import InstalledVersion, Outcome, Selection, beyond_every_range, specifier
 
 if TYPE_CHECKING:
-    from .drift import Identity, MatrixSource
+    from .drift import Identity, RecordSource
 
 
 def native_refusal(patch: Patch, versions: Mapping[str, InstalledVersion], selection: Selection) -> Variant | None:
@@ -59,14 +59,14 @@ def identity_applies(patch: Patch, versions: Mapping[str, InstalledVersion], sel
             and beyond_every_range(patch, versions))
 
 
-def identity_blocker(patch: Patch, variant: Variant, source: "MatrixSource", strict: bool) -> str | None:
+def identity_blocker(patch: Patch, variant: Variant, source: "RecordSource", strict: bool) -> str | None:
     """Why code identity cannot hold, known before any upstream module is imported (no records)."""
     from .drift import identity_blocker as blocker
 
     return blocker(patch.id, variant, source, strict)
 
 
-def identity(patch: Patch, variant: Variant, source: "MatrixSource", strict: bool) -> "Identity":
+def identity(patch: Patch, variant: Variant, source: "RecordSource", strict: bool) -> "Identity":
     """Compare ``variant``'s targets, which must be imported by now, with their records."""
     from .drift import identity as compare
 

@@ -169,9 +169,10 @@ def _recorded(tmp_path, patch, up):
 
 def _engine(patch, matrix):
     from patchkit import Engine
+    from patchkit.matrix.index import source
     from patchkit.runtime.catalogue import Registered
 
-    return Engine([Registered(patch, None)], matrix=matrix)
+    return Engine([Registered(patch, None)], matrix=None if matrix is None else source(matrix))
 
 
 def _moved(like, version, monkeypatch, *, change=None):

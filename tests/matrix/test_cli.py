@@ -116,11 +116,12 @@ def test_a_deep_matrix_is_refused_before_it_is_composed_in_process(tmp_path: Pat
 def test_strict_mode_gets_a_matrix_error_from_a_malformed_matrix(tmp_path: Path, make_dist) -> None:
     from patchkit import Engine, Patch, Replace, Variant
     from patchkit.matrix import MatrixError
+    from patchkit.matrix.index import source
 
     dist = make_dist()
     path = tmp_path / "bad.yaml"
     path.write_text("schema: 0x1\nenvironments: {}\n")
-    engine = Engine(matrix=path)
+    engine = Engine(matrix=source(path))
     engine.register(Patch(id="toy.forward", summary="s", why="w", upstream="u", removal="r",
                           variants=(Variant(requires={dist.name: ">=1"},
                                             installs=(Replace(dist.target("Model.forward"), print),)),)))

@@ -11,6 +11,7 @@ import pytest
 
 from patchkit import Engine, Patch, Reason, Replace, State, Variant
 from patchkit.matrix import MatrixError
+from patchkit.matrix.index import source
 from patchkit.matrix.record import record
 from patchkit.matrix.schema import parse
 from patchkit.matrix.writer import replace_patches
@@ -47,7 +48,7 @@ def _recorded_matrix(dist: Dist, tmp_path: Path) -> Path:
 
 
 def _apply(dist: Dist, matrix: Path | None, **kwargs) -> tuple[Engine, object]:
-    engine = Engine([Registered(_patch(dist), None)], matrix=matrix)
+    engine = Engine([Registered(_patch(dist), None)], matrix=None if matrix is None else source(matrix))
     __import__(dist.core)
     (status,) = engine.apply_all(**kwargs)
     return engine, status
@@ -73,7 +74,7 @@ def test_strict_mode_refuses_a_drifted_variant_and_installs_nothing(make_dist, t
     original = make_dist()
     matrix = _recorded_matrix(original, tmp_path)
     changed = make_dist(like=original, source=SOURCE.replace("return x + 1", "return x * 1"))
-    engine = Engine([Registered(_patch(changed), None)], matrix=matrix)
+    engine = Engine([Registered(_patch(changed), None)], matrix=source(matrix))
     module = __import__(changed.core, fromlist=["Model"])
     with pytest.raises(DriftError) as caught:
         engine.apply_all(strict=True)
@@ -151,7 +152,7 @@ def test_a_malformed_matrix_is_logged_by_default_and_raised_in_strict_mode(make_
     assert status.state is State.APPLIED
     assert any("malformed" in r.getMessage() for r in caplog.records)
     with pytest.raises(MatrixError, match=r"compat_matrix.yaml:2:\d+"):
-        Engine([Registered(_patch(dist), None)], matrix=bad).apply_all(strict=True)
+        Engine([Registered(_patch(dist), None)], matrix=source(bad)).apply_all(strict=True)
 
 
 def test_apply_all_without_upstreams_reads_no_matrix() -> None:
@@ -194,3 +195,9 @@ def test_the_doctor_compares_fingerprints_with_the_engines_records_and_reads_no_
         assert report(original, None)["match"] == "unknown"
     changed = make_dist(like=original, source=SOURCE.replace("return x + 1", "return x + 100"))
     assert report(changed, matrix)["match"] == "drifted"
+
+
+def test_an_engine_given_a_matrix_path_says_to_pass_its_records(tmp_path) -> None:
+    # The runtime reads records, never a matrix file: the tooling turns one into records.
+    with pytest.raises(TypeError, match=r"patchkit\.matrix\.index\.source"):
+        Engine(matrix=tmp_path / "compat_matrix.yaml")
