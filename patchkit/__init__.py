@@ -31,6 +31,7 @@ from .runtime.errors import (
     UnknownPatchError,
     UnsupportedVersionError,
 )
+from .runtime.settings import EXTRA_PATCHES
 from .runtime.status import PatchStatus, Reason, State
 
 __all__ = [
@@ -70,7 +71,7 @@ def register_extra_patches(environ: Mapping[str, str] | None = None) -> None:
     the CLI do first). A module that cannot be registered is logged and warned about
     (``PatchkitWarning``): its patches are missing. A malformed value is left to ``apply_all``, which
     reports it with every other malformed variable (``config_error``, or ``ConfigError`` if strict)."""
-    if not (os.environ if environ is None else environ).get("PATCHKIT_EXTRA_PATCHES"):
+    if not (os.environ if environ is None else environ).get(EXTRA_PATCHES):
         return
     try:
         problems = process_engine.register_extra_patches(environ)[1]

@@ -18,21 +18,24 @@ Frameworks disagree on two points, so each is an option with a default rather th
   labels; the patch does the same on 0.14-0.18.
 
 The process defaults come from ``PATCHKIT_MTP_OUTPUT_HEAD`` and ``PATCHKIT_MTP_WITHOUT_LABELS``
-(read once, on first use, so every process of a job agrees without code) or :func:`configure`; a
-model marked by ``mtp_api.enable``/``disable`` carries its own options and ignores the default.
+(parsed by ``patchkit.runtime.settings`` like every ``PATCHKIT_*`` variable, once, on first use,
+so every process of a job agrees without code) or :func:`configure`; a model marked by
+``mtp_api.enable``/``disable`` carries its own options and ignores the default.
 
 This module imports neither torch nor megatron.
 """
 
 from __future__ import annotations
 
-import os
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
-OUTPUT_HEAD_ENV = "PATCHKIT_MTP_OUTPUT_HEAD"
-OUTPUT_HEAD_CHOICES = ("detached", "trained")
-WITHOUT_LABELS_ENV = "PATCHKIT_MTP_WITHOUT_LABELS"
-WITHOUT_LABELS_CHOICES = ("skip", "derive")
+from patchkit.runtime import settings
+from patchkit.runtime.errors import ConfigError
+
+OUTPUT_HEAD_ENV = settings.MTP_OUTPUT_HEAD
+OUTPUT_HEAD_CHOICES = settings.CHOICES[OUTPUT_HEAD_ENV]
+WITHOUT_LABELS_ENV = settings.MTP_WITHOUT_LABELS
+WITHOUT_LABELS_CHOICES = settings.CHOICES[WITHOUT_LABELS_ENV]
 #: Attribute a model instance (GPTModel) carries once marked per model.
 MODEL_MARK = "_patchkit_mtp_options"
 #: Attribute an MTP layer instance carries once marked per model (its input detach choice).
@@ -92,13 +95,21 @@ def default_options() -> MTPOptions:
     """
     global _default
     if _default is None:
-        head = os.environ.get(OUTPUT_HEAD_ENV, "").strip().lower() or "detached"
-        without_labels = os.environ.get(WITHOUT_LABELS_ENV, "").strip().lower() or "skip"
         _default = MTPOptions(
-            output_head=check_output_head(head, OUTPUT_HEAD_ENV),
-            without_labels=check_without_labels(without_labels, WITHOUT_LABELS_ENV),
+            output_head=_from_environment(OUTPUT_HEAD_ENV, check_output_head),
+            without_labels=_from_environment(WITHOUT_LABELS_ENV, check_without_labels),
         )
     return _default
+
+
+def _from_environment(variable: str, check: Callable[[str, str], str]) -> str:
+    """The variable as patchkit's settings parse it; a bad value raises this module's error, which
+    says what each choice does."""
+    try:
+        return settings.choice(variable)
+    except ConfigError as exc:
+        bad = exc.value
+    return check(bad.strip().lower(), variable)  # raises MTPOptionError: settings and check share the choices
 
 
 def configure(*, output_head: str | None = None, without_labels: str | None = None) -> MTPOptions:

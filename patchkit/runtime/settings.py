@@ -37,6 +37,17 @@ VARIABLES: Mapping[str, str] = {
                   "at start-up and at exit",
 }
 
+MTP_OUTPUT_HEAD = "PATCHKIT_MTP_OUTPUT_HEAD"
+MTP_WITHOUT_LABELS = "PATCHKIT_MTP_WITHOUT_LABELS"
+
+#: Variables a catalogue patch reads (on first use, not at ``apply_all()``), each naming one of a few
+#: choices; parsed here by :func:`choice` like every other ``PATCHKIT_*`` variable. The first choice is
+#: the default. What each choice does is the patch's to document (patches/megatron/_mtp_options.py).
+CHOICES: Mapping[str, tuple[str, ...]] = {
+    MTP_OUTPUT_HEAD: ("detached", "trained"),
+    MTP_WITHOUT_LABELS: ("skip", "derive"),
+}
+
 _PATTERN_FORM = "comma-separated patch ids or globs, e.g. 'megatron.mtp_postprocess,vllm.*' or '*'"
 _PATTERN = re.compile(r"^[a-z0-9_.*?]+$|^[a-z0-9_.*?]*\[[a-z0-9_.!-]+\][a-z0-9_.*?]*$", re.ASCII)
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -155,6 +166,24 @@ def parse_folder(variable: str, value: str) -> str | None:
     if present is not None and (present != present.strip() or "\0" in present):
         raise ConfigError(variable, value, _FOLDER_FORM)
     return present
+
+
+def parse_choice(variable: str, value: str) -> str:
+    """One of ``CHOICES[variable]``, in any case, surrounding spaces allowed; unset, empty or spaces
+    alone: the default (the first choice). Raises ``ConfigError`` naming the choices."""
+    choices = CHOICES[variable]
+    chosen = value.strip().lower()
+    if not chosen:
+        return choices[0]
+    if chosen not in choices:
+        raise ConfigError(variable, value, ", ".join(choices))
+    return chosen
+
+
+def choice(variable: str, environ: Mapping[str, str] | None = None) -> str:
+    """The value of the choice variable ``variable`` (see :data:`CHOICES`) in the environment."""
+    env = os.environ if environ is None else environ
+    return parse_choice(variable, env.get(variable, ""))
 
 
 def from_environment(

@@ -9,6 +9,8 @@ exists, else ``package`` itself.
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Iterator
@@ -95,3 +97,18 @@ def test_the_import_scanner_sees_lazy_relative_and_from_imports(tmp_path: Path) 
     assert sorted(imports(probe, "patchkit.runtime.probe")) == [
         (1, "os.path"), (3, "patchkit.matrix.model"), (5, "patchkit.matrix.loader"), (6, "patchkit"),
         (7, "patchkit.runtime.drift")]
+
+
+def test_apply_all_with_extra_patches_loads_only_the_runtime(tmp_path: Path) -> None:
+    # PATCHKIT_EXTRA_PATCHES used to pull patchkit.processes.autoload, and with it dataclasses,
+    # inspect, ast and dis, into every process's start-up.
+    (tmp_path / "extra_decl.py").write_text("PATCHES = ()\n")
+    code = ("import sys, patchkit; patchkit.apply_all(); "
+            "print(sorted(m for m in sys.modules if m in ('inspect', 'ast', 'dis', 'dataclasses') "
+            "or m.startswith(('patchkit.processes', 'patchkit.matrix', 'patchkit.doctor', 'patchkit.cli'))))")
+    env = {**os.environ, "PATCHKIT_EXTRA_PATCHES": "extra_decl", "PYTHONPATH": os.pathsep.join(
+        [str(tmp_path), str(PACKAGE.parent), os.environ.get("PYTHONPATH", "")])}
+    env.pop("PATCHKIT_AUTOLOAD", None)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

@@ -215,3 +215,45 @@ def test_the_config_warning_can_be_filtered_by_category():
             "patchkit.apply_all()")
     result = _python(code, PATCHKIT_DISABLE="megatron/mtp")
     assert result.returncode == 0 and result.stderr == ""
+
+
+@pytest.mark.parametrize("variable, value, expected", [
+    (settings.MTP_OUTPUT_HEAD, "", "detached"), (settings.MTP_OUTPUT_HEAD, "  ", "detached"),
+    (settings.MTP_OUTPUT_HEAD, " Trained ", "trained"), (settings.MTP_OUTPUT_HEAD, "DETACHED", "detached"),
+    (settings.MTP_WITHOUT_LABELS, "", "skip"), (settings.MTP_WITHOUT_LABELS, "Derive", "derive"),
+])
+def test_a_choice_variable_takes_its_choices_in_any_case_and_defaults_to_the_first(variable, value, expected):
+    assert settings.parse_choice(variable, value) == expected
+    assert settings.choice(variable, {variable: value}) == expected
+    assert settings.choice(variable, {}) == settings.CHOICES[variable][0]
+
+
+@pytest.mark.parametrize("variable, value", [
+    (settings.MTP_OUTPUT_HEAD, "nope"), (settings.MTP_OUTPUT_HEAD, "detached,trained"),
+    (settings.MTP_WITHOUT_LABELS, "skipp"), (settings.MTP_WITHOUT_LABELS, "derive\0"),
+])
+def test_a_bad_choice_is_a_config_error_naming_the_variable_and_the_choices(variable, value):
+    with pytest.raises(ConfigError) as caught:
+        settings.choice(variable, {variable: value})
+    assert caught.value.variable == variable and caught.value.value == value
+    assert ", ".join(settings.CHOICES[variable]) in str(caught.value)
+
+
+def test_no_module_but_settings_reads_a_patchkit_variable_from_the_environment():
+    # One parser: a PATCHKIT_* name spelled out as a string anywhere else in the package or the
+    # catalogue is a second place that reads it. (PATCHKIT_AUTOLOAD_ACTIVE is autoload's own marker,
+    # set and read by it alone, not a setting.)
+    import ast
+    from pathlib import Path
+
+    root = Path(settings.__file__).resolve().parents[2]
+    wrong = []
+    for path in sorted([*(root / "patchkit").rglob("*.py"), *(root / "patches").rglob("*.py")]):
+        if path.name == "settings.py" and path.parent.name == "runtime":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                    and node.value.startswith("PATCHKIT_") and node.value != "PATCHKIT_AUTOLOAD_ACTIVE"
+                    and " " not in node.value):
+                wrong.append(f"{path.relative_to(root)}:{node.lineno}: {node.value}")
+    assert not wrong

@@ -2,12 +2,14 @@
 
     python tests/matrix/proof/compare_drift_report.py [--report PATH] [--cache DIR] [--symbols FILE]
 
-Reads the symbol tables and the "Full signatures" lists of sections 1 and 2 of
-../shared/research/upstream-drift.md, runs :func:`patchkit.matrix.static.survey` over the same
-releases (downloaded once into the cache, not installed), and compares, for every symbol and
-release: presence (present / absent / inherited from which base), the source-text hash, the
-change marker against the previous release (new, sig changed, annotations only, formatting
-only), and the full signature. Prints one line per disagreement and a summary; exits 1 on any.
+Reads the symbol tables and the "Full signatures" lists of sections 1 and 2 of an upstream drift
+report (``--report``; not in this repository: by default the project's research notes at
+/work/shared/research/upstream-drift.md on the development machine), runs
+:func:`patchkit.matrix.static.survey` over the same releases (downloaded once into the cache, not
+installed), and compares, for every symbol and release: presence (present / absent / inherited from
+which base), the source-text hash, the change marker against the previous release (new, sig
+changed, annotations only, formatting only), and the full signature. Prints one line per
+disagreement and a summary; exits 1 on any.
 The first release of each range has no previous row here, so its change marker is not compared.
 """
 
