@@ -59,12 +59,17 @@ class Decision(NamedTuple):
     error: str | None = None
     #: The typed error strict mode raises once the decision is recorded.
     refusal: PatchkitError | None = None
-    #: For an install past every range: the variant's code is identical to recorded code (no drift check then).
-    identical: bool = False
 
     @property
     def installs(self) -> bool:
         return self.state.installed
+
+    @property
+    def checks_drift(self) -> bool:
+        """Whether the install compares the targets with their records first: not for a forced
+        variant (outside its verified range already: drift would only say so again) nor a
+        code-identical one (just compared with every record)."""
+        return self.state is State.APPLIED and self.reason is not Reason.CODE_IDENTICAL
 
 
 def decide(patch: Patch, settings: Settings, facts: Facts) -> Decision:
@@ -118,7 +123,7 @@ def decide(patch: Patch, settings: Settings, facts: Facts) -> Decision:
         return unsupported(f"{selection.detail}; not code-identical: {identity.detail}", identity.detail)
     return Decision(State.APPLIED, Reason.CODE_IDENTICAL,
                     f"code identical: {selection.detail}, but every target of variant {nearest.name} "
-                    f"is code it was verified on: {identity.detail}", variant=nearest, identical=True)
+                    f"is code it was verified on: {identity.detail}", variant=nearest)
 
 
 def switched_off(patch: Patch, settings: Settings) -> Decision | None:

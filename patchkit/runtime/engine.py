@@ -1,4 +1,8 @@
-"""The engine: decides, for each registered patch, what to do in this process, and does it.
+"""The engine: the registry of patches in this process, and the machinery that acts on each one's decision.
+
+What a patch should do (which variant, which state, why) is decided by :mod:`.decision`, a pure
+function; the engine gathers the facts it needs, records the outcome, imports what a variant
+names, installs and reverts, and keeps the locks, the post-import hooks and the fork handling.
 
 A patch moves through its states one at a time:
 
@@ -480,10 +484,7 @@ class Engine:
         """Install one claimed patch: imports and drift without the lock, attributes under it."""
         entry, variant, patch = job.entry, job.variant, job.entry.patch
         try:
-            # A forced variant is already outside its verified range; drift would only say so again. A
-            # code-identical one was just compared with every record.
-            checked = job.decision.state is State.FORCED or job.decision.identical
-            drift = None if checked else self._drift(entry, variant)
+            drift = self._drift(entry, variant) if job.decision.checks_drift else None
             prepared = prepare_all(patch.id, variant.installs, entry.registered.package)
         except Exception as exc:
             with self._lock:

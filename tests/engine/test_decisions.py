@@ -41,6 +41,8 @@ def _installed(raw: str | None) -> InstalledVersion:
         return InstalledVersion(Availability.MISSING)
     if raw == "deferred":
         return InstalledVersion(Availability.DEFERRED, module="toyup")
+    if raw == "nightly-build":  # metadata that is no PEP 440 version
+        return InstalledVersion(Availability.INSTALLED, None, raw)
     return InstalledVersion(Availability.INSTALLED, parse(raw), raw)
 
 
@@ -77,6 +79,10 @@ ROWS = [
     Row("opt-in, not enabled", OPT_IN, "1.4",
         Decision(State.SKIPPED, Reason.OPT_IN, "opt-in: enable with PATCHKIT_ENABLE")),
     Row("opt-in, enabled", OPT_IN, "1.4", Decision(State.APPLIED, variant=OLD), Settings(enable=("toy.forward",))),
+    Row("a version that is no PEP 440 version is in no range, and not a newer release", PATCH, "nightly-build",
+        Decision(State.SKIPPED, Reason.UNSUPPORTED_VERSION,
+                 "installed toyup nightly-build is outside the verified ranges (v1; v2)"),
+        identity=Identity(True, "same")),
     Row("below every range", PATCH, "0.9",
         Decision(State.SKIPPED, Reason.UNSUPPORTED_VERSION,
                  "installed toyup 0.9 is outside the verified ranges (v1; v2)")),
@@ -98,7 +104,7 @@ ROWS = [
     Row("unknown newer release, code identical: the nearest variant installs", PATCH, "3.1",
         Decision(State.APPLIED, Reason.CODE_IDENTICAL, "code identical: installed toyup 3.1 is outside the "
                  "verified ranges (v1; v2), but every target of variant v2 is code it was verified on: as on 2.4",
-                 variant=NEW, identical=True), identity=Identity(True, "as on 2.4")),
+                 variant=NEW), identity=Identity(True, "as on 2.4")),
     Row("forced past the range: the nearest variant installs", PATCH, "3.1",
         Decision(State.FORCED, Reason.UNSUPPORTED_VERSION,
                  "forced: installed toyup 3.1 is outside the verified ranges (v1; v2)", variant=NEW),
@@ -136,6 +142,16 @@ def _without_refusal(decision: Decision) -> Decision:
 def test_each_case_decides_its_state_reason_and_variant(row: Row) -> None:
     decision = decide(row.patch, row.settings, _facts(row, []))
     assert _without_refusal(decision) == row.expected
+
+
+@pytest.mark.parametrize("case, checks", [
+    ("in range: the variant installs", True),
+    ("forced past the range: the nearest variant installs", False),
+    ("unknown newer release, code identical: the nearest variant installs", False),
+])
+def test_drift_is_checked_only_for_an_install_in_its_verified_range(case: str, checks: bool) -> None:
+    row = next(r for r in ROWS if r.case == case)
+    assert decide(row.patch, row.settings, _facts(row, [])).checks_drift is checks
 
 
 @pytest.mark.parametrize("row", [r for r in ROWS if r.expected.reason is Reason.UNSUPPORTED_VERSION
