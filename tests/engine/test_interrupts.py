@@ -128,10 +128,10 @@ class Toy:
     def assert_consistent(self, engine: Engine, at: object) -> None:
         states = {record.id: record.state for record in engine.status()}
         for patch_id, targets in self.where().items():
-            assert set(targets) in ({"original"}, {"patched"}), f"{patch_id} half-installed at line {at}: {targets}"
+            assert set(targets) in ({"original"}, {"patched"}), f"{patch_id} half-installed at {at}: {targets}"
             installed = targets[0] == "patched"
             assert installed == states[patch_id].installed, \
-                f"{patch_id} at line {at}: targets {targets} but status {states[patch_id].value}"
+                f"{patch_id} at {at}: targets {targets} but status {states[patch_id].value}"
 
     def assert_all_applied(self, engine: Engine, at: object) -> None:
         assert {r.id: r.state for r in engine.status()} == {p.id: State.APPLIED for p in self.patches}, at
@@ -164,12 +164,29 @@ class Toy:
 PATCHKIT_ROOT = os.path.dirname(os.path.abspath(patchkit.__file__))
 
 
-class Interrupt:
-    """A trace function that makes something happen at the ``at``-th line event, counting all frames."""
+#: A point of a sweep: a file, a line of it, and which execution of that line in one run (0: the first).
+Point = tuple[str, int, int]
 
-    def __init__(self, at: int, action: Callable[[], None] | None, swept: tuple[str, ...] | None) -> None:
-        self.at, self.action, self.count, self.swept = at, action, 0, swept
-        self.fired = False
+
+def shown(point: Point) -> str:
+    return f"{os.path.basename(point[0])}:{point[1]} (execution {point[2]})"
+
+
+class Interrupt:
+    """A trace function that makes something happen once a run reaches the point ``at``.
+
+    Points are named by where they are in the code, not by how many line events came before them: a
+    sweep interrupts the same code whatever else ran earlier in this process (a module a previous
+    test imported lazily, a cache it warmed) or moved in the files it does not sweep. A point the
+    run no longer reaches (code that ran only the first time, at an import) interrupts nothing.
+    """
+
+    def __init__(self, at: Point | None, action: Callable[[], None] | None, swept: tuple[str, ...] | None) -> None:
+        self.at, self.action, self.swept = at, action, swept
+        self.fired = self.reached = False
+        #: Every line event of the run, in order (what a counting run returns).
+        self.points: list[Point] = []
+        self.executions: dict[tuple[str, int], int] = {}
         self.seen: set[tuple[Any, int]] = set()
         self.handler = _signal.getsignal(_signal.SIGINT)
 
@@ -179,8 +196,12 @@ class Interrupt:
         if event == "line":
             if self.leaving_with(frame):
                 return self
-            self.count += 1
-            if self.count >= self.at and not self.fired and self.action is not None:
+            line = (frame.f_code.co_filename, frame.f_lineno)
+            execution = self.executions.get(line, 0)
+            self.executions[line] = execution + 1
+            self.points.append((*line, execution))
+            self.reached = self.reached or self.points[-1] == self.at
+            if self.reached and not self.fired and self.action is not None:
                 if self.action is raise_keyboard_interrupt and _signal.getsignal(_signal.SIGINT) is not self.handler:
                     return self  # patchkit holds SIGINT here: a real one would arrive when it lets go
                 self.fired = True
@@ -225,26 +246,26 @@ def where(raised: BaseException | None) -> str:
     return f"{frames[-1].filename}:{frames[-1].lineno} {frames[-1].name}" if frames else "?"
 
 
-def line_events(operation: Callable[[], None], swept: tuple[str, ...] | None) -> int:
-    counter = Interrupt(0, None, swept)
+def line_events(operation: Callable[[], None], swept: tuple[str, ...] | None) -> list[Point]:
+    counter = Interrupt(None, None, swept)
     run_traced(operation, counter)
-    return counter.count
+    return counter.points
 
 
 def sweep_apply(toy: Toy, action: Callable[[], None], step: int = 1) -> int:
-    """Interrupt ``apply`` at every ``step``-th line; check the state, retry, check, revert. Returns
-    how many runs were interrupted."""
+    """Interrupt ``apply`` at every ``step``-th point it reaches; check the state, retry, check,
+    revert. Returns how many runs were interrupted."""
     swept = toy.swept(action)
     engine = toy.fresh_engine()
-    total = line_events(lambda: toy.apply(engine), swept)
+    points = line_events(lambda: toy.apply(engine), swept)
     engine.revert_all()
     interrupted = 0
-    for at in range(1, total + 1, step):
+    for at in points[::step]:
         engine = toy.fresh_engine()
         tracer = Interrupt(at, action, swept)
         raised = run_traced(lambda engine=engine: toy.apply(engine), tracer)
         interrupted += raised is not None
-        point = f"{at} ({where(raised)})"
+        point = f"{shown(at)} ({where(raised)})"
         del raised, tracer
         toy.assert_consistent(engine, point)
         toy.apply(engine)  # the retry
@@ -259,16 +280,16 @@ def sweep_revert(toy: Toy, action: Callable[[], None], step: int = 1) -> int:
     swept = toy.swept(action)
     engine = toy.fresh_engine()
     toy.apply(engine)
-    total = line_events(engine.revert_all, swept)
+    points = line_events(engine.revert_all, swept)
     interrupted = 0
-    for at in range(1, total + 1, step):
+    for at in points[::step]:
         engine = toy.fresh_engine()
         toy.apply(engine)
-        toy.assert_all_applied(engine, at)
+        toy.assert_all_applied(engine, shown(at))
         tracer = Interrupt(at, action, swept)
         raised = run_traced(engine.revert_all, tracer)
         interrupted += raised is not None
-        point = f"{at} ({where(raised)})"
+        point = f"{shown(at)} ({where(raised)})"
         del raised, tracer
         toy.assert_consistent(engine, point)
         engine.revert_all()  # the retry
@@ -364,6 +385,26 @@ def test_keyboard_interrupt_at_every_line_of_apply_all_leaves_no_patch_half_inst
 
 def test_keyboard_interrupt_at_every_line_of_revert_all_leaves_no_patch_half_reverted_and_a_retry_restores(toy):
     assert sweep_revert(toy, raise_keyboard_interrupt) > 50
+
+
+def test_a_sweep_point_interrupts_the_same_code_when_other_lines_run_before_it(toy):
+    # Points are named by file, line and execution: lines run before them (here a helper module in a
+    # swept folder, as a lazily imported module or a cold cache would add) do not move them.
+    (toy.up.root / toy.up.package / "warm.py").write_text("def warm():\n    a = 1\n    b = a + 1\n    return b\n")
+    warm = importlib.import_module(f"{toy.up.package}.warm").warm
+    swept = toy.swept(raise_keyboard_interrupt)
+    engine = toy.fresh_engine()
+    points = line_events(lambda: toy.apply(engine), swept)
+    engine.revert_all()
+    at = next(p for p in points if p[0].endswith(os.path.join("runtime", "engine.py")))
+    engine = toy.fresh_engine()
+    raised = run_traced(lambda: (warm(), toy.apply(engine)), Interrupt(at, raise_keyboard_interrupt, swept))
+    assert raised is not None
+    innermost = [f for f in traceback.extract_tb(raised.__traceback__) if f.filename != __file__][-1]
+    assert (innermost.filename, innermost.lineno) == at[:2]
+    toy.apply(engine)
+    toy.assert_all_applied(engine, shown(at))
+    engine.revert_all()
 
 
 def test_real_sigint_and_sigterm_sweeps_pass_in_a_process_of_their_own():
