@@ -42,8 +42,8 @@ def _tiny_quantizable_gpt(device: str) -> Iterator[Any]:
     calibration would, so the model holds the ``*_quantizer._amax`` buffers an export meets.
     """
     from modelopt.torch.quantization.nn import QuantModuleRegistry
-    from patchkit.patches.megatron._selfchecks import megatron_on
-    from patchkit.patches.megatron._tiny_gpt import build_tiny_gpt
+    from patchkit.patches.megatron._checks._harness import megatron_on
+    from patchkit.patches.megatron._checks._tiny_gpt import build_tiny_gpt
 
     with megatron_on(device):
         model = build_tiny_gpt(mtp_num_layers=None).to(device)
@@ -148,7 +148,7 @@ def check_expert_local_to_global(context: CheckContext) -> None:
     import types
 
     from megatron.bridge.models.conversion import model_bridge
-    from patchkit.patches.megatron._selfchecks import megatron_on
+    from patchkit.patches.megatron._checks._harness import megatron_on
 
     config = types.SimpleNamespace(num_moe_experts=NUM_EXPERTS)
     per_rank = NUM_EXPERTS // EP_SIZE
@@ -263,7 +263,7 @@ def provided_layer_norm(provider: Any) -> Any:
 def check_modelopt_layer_spec(context: CheckContext) -> None:
     """A provider with ``restore_modelopt_state=True`` builds ModelOpt's quantizable layer spec."""
     from megatron.core.post_training.modelopt.layers import Norm as ModelOptNorm
-    from patchkit.patches.megatron._selfchecks import megatron_on
+    from patchkit.patches.megatron._checks._harness import megatron_on
 
     with megatron_on(context.device), _attention_environment():
         found = provided_layer_norm(tiny_provider())

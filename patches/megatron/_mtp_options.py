@@ -29,6 +29,8 @@ from __future__ import annotations
 import os
 from typing import Any, NamedTuple
 
+from ._errors import MTPOptionError
+
 OUTPUT_HEAD_ENV = "PATCHKIT_MTP_OUTPUT_HEAD"
 OUTPUT_HEAD_CHOICES = ("detached", "trained")
 WITHOUT_LABELS_ENV = "PATCHKIT_MTP_WITHOUT_LABELS"
@@ -37,10 +39,6 @@ WITHOUT_LABELS_CHOICES = ("skip", "derive")
 MODEL_MARK = "_patchkit_mtp_options"
 #: Attribute an MTP layer instance carries once marked per model (its input detach choice).
 LAYER_MARK = "_patchkit_mtp_detach_inputs"
-
-
-class MTPOptionError(ValueError):
-    """An MTP option was given a value it does not take."""
 
 
 class MTPOptions(NamedTuple):
