@@ -1,5 +1,4 @@
-"""What several self-checks of this family share: starting the upstream on the device, driving models.
-"""
+"""What several Bridge self-checks share: a tiny Megatron GPT whose linears ModelOpt can quantize."""
 
 from __future__ import annotations
 
@@ -15,6 +14,7 @@ EXPECTED_PARALLELISM = {
     "decoder.layers.0.mlp.linear_fc2": "row",
     "output_layer": "column",
 }
+
 
 @contextlib.contextmanager
 def tiny_quantizable_gpt(device: str) -> Iterator[Any]:

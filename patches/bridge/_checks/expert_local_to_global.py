@@ -14,6 +14,7 @@ NUM_EXPERTS = 8
 
 EP_SIZE, EP_RANK = 4, 3
 
+
 class _ExpertGroup:
     """An expert-parallel group as seen from one rank: all Bridge's renumbering reads of it."""
 
@@ -25,6 +26,7 @@ class _ExpertGroup:
 
     def rank(self) -> int:
         return self._rank
+
 
 @contextlib.contextmanager
 def _on_expert_rank(size: int, rank: int) -> Iterator[None]:
@@ -45,6 +47,7 @@ def _on_expert_rank(size: int, rank: int) -> Iterator[None]:
         if hasattr(model_bridge, "_get_ep_group"):  # 0.4.2+: the group comes from the model
             stack.enter_context(mock.patch.object(model_bridge, "_get_ep_group", lambda *a, **k: group))
         yield
+
 
 def check_expert_local_to_global(context: CheckContext) -> None:
     """On EP rank 3 of 4 (8 experts), local expert 1 is exported as global expert 7 in both namings."""

@@ -27,6 +27,7 @@ SORTED_NAMES = [
     "decoder.layers.1.self_attention.linear_qkv.weight",
 ]
 
+
 def check_expert_sort_key(context: CheckContext) -> None:
     """The export's sort key orders experts numerically in both namings (local_experts.N and weightN)."""
     from megatron.bridge.models.conversion import model_bridge

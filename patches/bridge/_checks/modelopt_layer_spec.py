@@ -16,6 +16,7 @@ from patchkit.selfcheck import CheckContext, SelfCheckFailed, expect
 
 _NVTE = ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN")
 
+
 @contextlib.contextmanager
 def _attention_environment() -> Iterator[None]:
     """``TransformerConfig.__post_init__`` writes NVTE_*_ATTN for its attention backend and asserts them
@@ -28,6 +29,7 @@ def _attention_environment() -> Iterator[None]:
             os.environ.pop(name, None)
             if value is not None:
                 os.environ[name] = value
+
 
 def tiny_provider(**overrides: Any) -> Any:
     """A ``GPTModelProvider`` for a 2-layer hidden-64 GPT on local attention, restoring ModelOpt state."""
@@ -51,6 +53,7 @@ def tiny_provider(**overrides: Any) -> Any:
         provider._pg_collection = ProcessGroupCollection.use_mpu_process_groups()
     return provider
 
+
 def provided_layer_norm(provider: Any) -> Any:
     """The input-layernorm class of the layer spec ``provide()`` hands ``GPTModel``; the error if it fails first.
 
@@ -70,6 +73,7 @@ def provided_layer_norm(provider: Any) -> Any:
     layer = spec.layer_specs[0] if hasattr(spec, "layer_specs") else spec  # a block spec on some releases
     norm = layer.submodules.input_layernorm
     return getattr(norm, "module", norm)  # a ModuleSpec or the class itself
+
 
 def check_modelopt_layer_spec(context: CheckContext) -> None:
     """A provider with ``restore_modelopt_state=True`` builds ModelOpt's quantizable layer spec."""

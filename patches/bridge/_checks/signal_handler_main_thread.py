@@ -35,6 +35,7 @@ def enter_off_the_main_thread(sig: int = signal.SIGTERM) -> dict[str, Any]:
     outcome["after"] = signal.getsignal(sig)
     return outcome
 
+
 def check_signal_handler_main_thread(context: CheckContext) -> None:
     """``DistributedSignalHandler`` enters and releases in a worker thread and leaves the process's handler alone."""
     outcome = enter_off_the_main_thread()

@@ -18,6 +18,7 @@ def exported_names(model: Any) -> list[str]:
     names: list[str] = Qwen3Bridge()._megatron_global_param_names_all_pp_ranks([model])
     return names
 
+
 def check_skip_quantizer_params(context: CheckContext) -> None:
     """A Bridge export of a quantized model walks its weights and none of its quantizer state."""
     with tiny_quantizable_gpt(context.device) as model:

@@ -1,5 +1,5 @@
-"""What several self-checks of this family share: starting the upstream on the device, driving models.
-"""
+"""What several Megatron self-checks share: Megatron's parallel state on the check's device, and
+driving a tiny model's routers through ``router_replay_api``."""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ def megatron_on(device: str) -> Iterator[None]:
             if started:
                 destroy_parallel_state()
 
+
 def start_nccl_group() -> None:
     import os
 
@@ -41,13 +42,16 @@ def start_nccl_group() -> None:
     torch.cuda.set_device(0)
     torch.distributed.init_process_group(backend="nccl", rank=0, world_size=1)
 
+
 def forward(model: Any, batch: Any, labels: bool = True) -> torch.Tensor:
     return model(batch.input_ids, batch.position_ids, batch.attention_mask,
                  labels=batch.labels if labels else None, loss_mask=batch.loss_mask)
 
+
 def first_line(exc: BaseException) -> str:
     text = str(exc).splitlines()[0][:200] if str(exc) else ""
     return f"{type(exc).__name__}: {text}"
+
 
 @contextlib.contextmanager
 def moe_replay(device: str) -> Iterator[None]:
@@ -67,6 +71,7 @@ def moe_replay(device: str) -> Iterator[None]:
         finally:
             registry[:] = before
 
+
 def replay_routers(model: Any) -> list[Any]:
     from ._tiny_moe import routers
 
@@ -75,6 +80,7 @@ def replay_routers(model: Any) -> list[Any]:
            "router_replay_api.enable(config) has replay state", f"{len(found)} routers with replay state",
            f"{sum(r is not None for r in found)}")
     return found
+
 
 def drive(model_routers: list[Any], action: str | None, targets: list[torch.Tensor] | None = None) -> None:
     """Set this model's routers only (other models' routers in the process are not touched)."""

@@ -1,5 +1,5 @@
-"""Self-check of ``megatron.moe_alltoall_replay_token_count``: Replayed indices naming one expert twice: the all-to-all
-dispatcher counts the rows really routed.
+"""Self-check of ``megatron.moe_alltoall_replay_token_count``: replayed indices naming one expert
+twice, the all-to-all dispatcher counts the rows really routed.
 """
 
 from __future__ import annotations

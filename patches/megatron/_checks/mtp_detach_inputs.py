@@ -1,5 +1,4 @@
-"""Self-check of ``megatron.mtp_detach_inputs``: The MTP loss sends no gradient into the embedding: it equals the one
-without any MTP loss.
+"""Self-check of ``megatron.mtp_detach_inputs``: The MTP loss sends no gradient into the embedding.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Self-check of ``megatron.mtp_postprocess``: Forward with labels returns main-head logits, and the MTP layers still
-get gradient.
+"""Self-check of ``megatron.mtp_postprocess``: Forward with labels returns main-head logits, and the MTP layers
+still get gradient.
 """
 
 from __future__ import annotations

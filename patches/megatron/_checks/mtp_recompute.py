@@ -1,5 +1,5 @@
-"""Self-check of ``megatron.mtp_recompute``: With ``recompute_granularity='full'``, an MTP layer takes what RL jobs
-give it and trains as without.
+"""Self-check of ``megatron.mtp_recompute``: With ``recompute_granularity='full'``, an MTP layer takes what RL
+jobs give it and trains as without.
 """
 
 from __future__ import annotations

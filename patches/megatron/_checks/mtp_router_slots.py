@@ -1,5 +1,4 @@
-"""Self-check of ``megatron.mtp_router_slots``: MTP routers log after the decoder's layers; forced tracker entries and
-replay numbers agree.
+"""Self-check of ``megatron.mtp_router_slots``: MTP routers log after the decoder's layers.
 """
 
 from __future__ import annotations

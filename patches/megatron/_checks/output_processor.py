@@ -1,5 +1,4 @@
-"""Self-check of ``megatron.output_processor``: ``forward(output_processor=...)`` on a tiny GPT: the processor gets the
-hidden states and the
+"""Self-check of ``megatron.output_processor``: ``forward(output_processor=...)`` on a tiny GPT.
 """
 
 from __future__ import annotations

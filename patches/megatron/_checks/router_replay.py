@@ -1,5 +1,4 @@
-"""Self-check of ``megatron.router_replay``: Record, then replay through FP8-padded THD packing: routing equals the
-record; another target is followed.
+"""Self-check of ``megatron.router_replay``: Record, then replay through FP8-padded THD packing.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Self-check of ``megatron.routing_replay_keyword``: ``TransformerConfig(enable_routing_replay=True)`` builds, sets
-``moe_enable_routing_replay``, shows
+"""Self-check of ``megatron.routing_replay_keyword``: ``TransformerConfig(enable_routing_replay=True)`` builds,
+sets ``moe_enable_routing_replay``, shows the keyword in the signature, keeps upstream's dataclass fields,
+and refuses a contradicting pair.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from ._harness import first_line
 
 _MOE_CONFIG = dict(num_layers=2, hidden_size=64, num_attention_heads=4, num_moe_experts=8, moe_router_topk=2,
                    use_cpu_initialization=True, add_bias_linear=False)
+
 
 def check_routing_replay_keyword(context: CheckContext) -> None:
     """``TransformerConfig(enable_routing_replay=True)`` builds, sets ``moe_enable_routing_replay``, shows

@@ -1,5 +1,5 @@
-"""Self-check of ``megatron.swiglu_singleton_local_shards``: Native: megatron-core's swiglu sharded-state factory
-accepts ``singleton_local_shards``.
+"""Self-check of ``megatron.swiglu_singleton_local_shards`` (native): megatron-core's swiglu
+sharded-state factory accepts ``singleton_local_shards``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Self-check of ``megatron.tms_hook_mode``: megatron-core's import-time ``hook_mode`` statements, run from the
-installed files, keep the
+installed files, keep the process's torch_memory_saver mode.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ def _tms_outcome(module_name: str, code: Any, saver: Any) -> str:
     except Exception as exc:
         return first_line(exc)
     return str(pending_hook_mode(saver))
+
 
 def check_tms_hook_mode(context: CheckContext) -> None:
     """megatron-core's import-time ``hook_mode`` statements, run from the installed files, keep the
@@ -46,6 +47,7 @@ def check_tms_hook_mode(context: CheckContext) -> None:
                 preload = _tms_outcome(module_name, code, fresh_saver())
                 expect(preload == "None", f"importing {module_name} under LD_PRELOAD of torch_memory_saver's "
                        "preload library keeps the preload default", "None (preload default)", preload)
+
 
 def _preset(saver: Any, mode: str) -> Any:
     saver.hook_mode = mode
