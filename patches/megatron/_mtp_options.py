@@ -32,6 +32,8 @@ from typing import Any, Callable, NamedTuple
 from patchkit.runtime import settings
 from patchkit.runtime.errors import ConfigError
 
+from ._errors import MTPOptionError
+
 OUTPUT_HEAD_ENV = settings.MTP_OUTPUT_HEAD
 OUTPUT_HEAD_CHOICES = settings.CHOICES[OUTPUT_HEAD_ENV]
 WITHOUT_LABELS_ENV = settings.MTP_WITHOUT_LABELS
@@ -40,10 +42,6 @@ WITHOUT_LABELS_CHOICES = settings.CHOICES[WITHOUT_LABELS_ENV]
 MODEL_MARK = "_patchkit_mtp_options"
 #: Attribute an MTP layer instance carries once marked per model (its input detach choice).
 LAYER_MARK = "_patchkit_mtp_detach_inputs"
-
-
-class MTPOptionError(ValueError):
-    """An MTP option was given a value it does not take."""
 
 
 class MTPOptions(NamedTuple):

@@ -22,9 +22,7 @@ from typing import Any, Callable, Optional
 from megatron.core import tensor_parallel
 from torch import Tensor
 
-
-class MTPRecomputeError(RuntimeError):
-    """Activation recomputation of an MTP layer was asked for in a form this release cannot run."""
+from ._errors import MTPRecomputeError
 
 
 def _travels_through_checkpoint(value: Any) -> bool:

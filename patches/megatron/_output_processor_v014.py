@@ -12,21 +12,10 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from patchkit.runtime.errors import PatchkitError
+from ._errors import OutputProcessorWithMTPError
 
 KEYWORDS = ("output_processor", "output_processor_context")
 _NONE = object()
-
-
-class OutputProcessorWithMTPError(PatchkitError, NotImplementedError):
-    """An ``output_processor`` with MTP in the same postprocess, on a release before 0.18."""
-
-    def __init__(self) -> None:
-        super().__init__(
-            "GPTModel.forward(output_processor=...) with MTP layers in this stage needs megatron-core 0.18+: "
-            "before 0.18 the MTP loss is computed inside _postprocess from the output layer's logits, with "
-            "no point to hand the hidden states over; run without MTP or upgrade"
-        )
 
 
 def _unscaled(logits: Any) -> Any:

@@ -25,7 +25,7 @@ from typing import Any, Optional
 import torch
 
 from . import _router_replay_policy as policy
-from .router_replay_api import ReplayIndexInvalidError, ReplayIndexMismatchError, ReplayTargetMissingError
+from ._errors import ReplayIndexInvalidError, ReplayIndexMismatchError, ReplayTargetMissingError
 
 logger = logging.getLogger("patchkit.megatron.router_replay")
 

@@ -22,8 +22,8 @@ from typing import Any, Optional
 
 import torch
 
-from ._router_replay_scope import LayerKey, merge_layers
-from .router_replay_api import RouterReplayError
+from ._errors import RouterReplayError
+from ._router_replay_layers import LayerKey, merge_layers
 
 
 def _tp_group() -> Any:

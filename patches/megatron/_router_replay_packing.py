@@ -33,6 +33,8 @@ import torch
 
 from patchkit.runtime.probing import get_field
 
+from ._errors import PackedShapeError
+
 __all__ = [
     "FP8_PADDED_FORMATS", "ThdLayout", "pack", "sequence_parallel_shard", "thd_layout", "unpack", "uses_fp8_padding",
 ]
@@ -429,7 +431,6 @@ def sequence_parallel_shard(
     dimension of ``local_tokens``); pass ``stacked`` to say which it is. Any other shape raises
     :class:`PackedShapeError` too: slicing the wrong dimension would replay other tokens' experts.
     """
-    from .router_replay_api import PackedShapeError
 
     if not 0 <= tp_rank < layout.tp_size:
         raise ValueError(f"tp_rank {tp_rank} is outside tensor-parallel size {layout.tp_size}")
@@ -460,7 +461,6 @@ def sequence_parallel_shard(
 
 def _is_stacked(packed: torch.Tensor, layout: ThdLayout) -> bool:
     """Whether ``packed`` is ``pack``'s every-rank form ``[cp, local_tokens, ...]`` (CP > 1 only)."""
-    from .router_replay_api import PackedShapeError
 
     local = layout.local_tokens
     every_rank = layout.cp_size > 1 and packed.dim() >= 2 and tuple(packed.shape[:2]) == (layout.cp_size, local)

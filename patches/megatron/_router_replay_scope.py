@@ -17,24 +17,18 @@ not) and keys each router:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Optional, Union
 
 import torch
 
 from . import _router_replay_policy as policy
-from .router_replay_api import Action, RouterReplayError
-
-LayerKey = Union[int, str]
+from ._constants import Action
+from ._errors import RouterReplayError
+from ._router_replay_layers import LayerKey, layer_order
+from ._router_replay_owner import check_ownership, process_routers, replay_class, require_routers, upstream_action
 
 _MTP_LAYER = re.compile(r"(^|\.)mtp\.layers\.(\d+)(\.|$)")
-
-
-def layer_order(key: LayerKey) -> tuple[int, int]:
-    """Decoder layers by number, then MTP depths."""
-    if isinstance(key, int):
-        return (0, key)
-    return (1, int(str(key).split(".", 1)[1]))
 
 
 def _chunks(model: Any) -> list[Any]:
@@ -91,7 +85,81 @@ def moe_layer_numbers(config: Any) -> list[int]:
     return [i + 1 for i, is_moe in enumerate(pattern) if is_moe]
 
 
-class ModelRouters:
+class RouterSet:
+    """Replay control of a fixed set of routers' replay states, keyed by layer: the one object that
+    sets actions and targets, counts what is queued, clears, and applies per-router policies.
+
+    :class:`ModelRouters` is the set of one model's routers (keyed by global layer number); the module
+    functions of ``router_replay_api`` drive :meth:`of_process`, every router of the process keyed by
+    build order, through the same methods.
+    """
+
+    def __init__(self, states: Mapping[LayerKey, Any]) -> None:
+        self._states = dict(states)
+
+    @classmethod
+    def of_process(cls, *, require: bool = True) -> RouterSet:
+        """Every router with replay state in this process, keyed 0, 1, ... in build order.
+
+        ``require``: raise unless there is at least one and patchkit or megatron-core owns them.
+        """
+        instances = require_routers() if require else process_routers()
+        return cls(dict(enumerate(instances)))
+
+    @property
+    def layers(self) -> tuple[LayerKey, ...]:
+        """The router keys, in order."""
+        return tuple(self._states)
+
+    def replay_state(self, key: LayerKey) -> Any:
+        return self._states[key]
+
+    def set_action(self, action: Union[Action, str, None]) -> None:
+        """Set every router's action (``None`` clears it: routers compute top-k as usual)."""
+        upstream = upstream_action(action)
+        for replay in self._states.values():
+            if upstream is None:
+                replay.clear_router_replay_action()
+            else:
+                replay.set_router_replay_action(upstream)
+
+    def recorded_indices(self) -> dict[LayerKey, Optional[torch.Tensor]]:
+        """``{key: [tokens, topk] or None}``: what each router recorded in its last RECORD pass."""
+        return {key: replay.get_recorded_indices() for key, replay in self._states.items()}
+
+    def assign_targets(self, prepared: Mapping[LayerKey, torch.Tensor]) -> None:
+        """Hand already validated index tensors to their routers (validate all before calling this)."""
+        for key, indices in prepared.items():
+            self._states[key].set_target_indices(indices)
+
+    def pending_backward(self) -> dict[LayerKey, int]:
+        """How many queued targets each router still holds for ``REPLAY_BACKWARD``."""
+        return {key: len(replay.replay_backward_list) for key, replay in self._states.items()}
+
+    def clear(self) -> None:
+        """Drop recorded and target indices and clear every router's action."""
+        for replay in self._states.values():
+            replay.clear_indices()
+            replay.clear_router_replay_action()
+
+    def set_policy(self, *, on_missing: Optional[str] = None, on_invalid: Optional[str] = None) -> None:
+        """These routers' policies (see ``_router_replay_policy``); None leaves one as it is."""
+        for setting, value in (("on_missing", on_missing), ("on_invalid", on_invalid)):
+            if value is not None:
+                policy.check_policy(setting, value)
+                for replay in self._states.values():
+                    policy.set_router_policy(replay, setting, value)
+
+    def fallbacks(self) -> dict[LayerKey, dict[str, int]]:
+        """Per layer: replayed passes that had no target and fell back, rows that were invalid and fell back."""
+        return {key: policy.fallback_counts(replay) for key, replay in self._states.items()}
+
+    def reset_fallbacks(self) -> None:
+        for replay in self._states.values():
+            policy.reset_counts(replay)
+
+
+class ModelRouters(RouterSet):
     """Replay control of one model's routers (see module docstring for the keys).
 
     Obtained from ``router_replay_api.for_model(model)``. Every method touches only this model's
@@ -105,31 +173,11 @@ class ModelRouters:
                 "the model has no router with replay state: call router_replay_api.enable(config) "
                 "before building it (and apply the patches on megatron-core < 0.16)"
             )
-        from .router_replay_api import _check_ownership, _replay_class
-
-        expected = _replay_class()
-        _check_ownership([replay for replay, _ in self._found.values()], expected)
+        check_ownership([replay for replay, _ in self._found.values()], replay_class())
         for key, (replay, _) in self._found.items():
             replay._patchkit_layer = key  # names the layer in errors and warnings
+        super().__init__({key: replay for key, (replay, _) in self._found.items()})
         self.config = next(iter(self._found.values()))[1].config
-
-    @property
-    def layers(self) -> tuple[LayerKey, ...]:
-        """This model's router keys, decoder layers by number, then MTP depths."""
-        return tuple(self._found)
-
-    def replay_state(self, key: LayerKey) -> Any:
-        return self._found[key][0]
-
-    def set_action(self, action: Union[Action, str, None]) -> None:
-        from .router_replay_api import _upstream_action
-
-        upstream = _upstream_action(action)
-        for replay, _ in self._found.values():
-            if upstream is None:
-                replay.clear_router_replay_action()
-            else:
-                replay.set_router_replay_action(upstream)
 
     def recorded(self, *, gather_sequence_parallel: bool = True) -> dict[LayerKey, torch.Tensor]:
         """``{key: [tokens, topk]}`` recorded in the last RECORD pass.
@@ -138,12 +186,11 @@ class ModelRouters:
         ``gather_sequence_parallel`` (default) the shards are all-gathered over the tensor-parallel
         group, in rank order, so every TP rank returns the full rows (what ``unpack`` takes).
         """
-        out: dict[LayerKey, torch.Tensor] = {}
-        missing = [key for key, (replay, _) in self._found.items() if replay.get_recorded_indices() is None]
+        recorded = self.recorded_indices()
+        missing = [key for key, indices in recorded.items() if indices is None]
         if missing:
             raise RouterReplayError(f"layers {missing} recorded nothing: set_action('record') before the forward")
-        for key, (replay, _) in self._found.items():
-            out[key] = replay.get_recorded_indices()
+        out: dict[LayerKey, torch.Tensor] = {key: indices for key, indices in recorded.items() if indices is not None}
         if gather_sequence_parallel and _sequence_parallel(self.config):
             from ._router_replay_dist import gather_sequence_parallel as gather
 
@@ -189,8 +236,7 @@ class ModelRouters:
 
                 indices = sequence_parallel_slice(indices)
             prepared[key] = indices.long()
-        for key, indices in prepared.items():
-            self._found[key][0].set_target_indices(indices)
+        self.assign_targets(prepared)
 
     def _by_key(self, targets: Any) -> dict[LayerKey, Any]:
         if isinstance(targets, Mapping):
@@ -214,30 +260,6 @@ class ModelRouters:
             f"{list(self._found)}), {len(moe_layers)} (MoE layers of the decoder) or {num_layers} (all layers)"
         )
 
-    def pending_backward(self) -> dict[LayerKey, int]:
-        return {key: len(replay.replay_backward_list) for key, (replay, _) in self._found.items()}
-
-    def clear(self) -> None:
-        for replay, _ in self._found.values():
-            replay.clear_indices()
-            replay.clear_router_replay_action()
-
-    def set_policy(self, *, on_missing: Optional[str] = None, on_invalid: Optional[str] = None) -> None:
-        """This model's routers' policies (see ``_router_replay_policy``); None leaves one as it is."""
-        for setting, value in (("on_missing", on_missing), ("on_invalid", on_invalid)):
-            if value is not None:
-                policy.check_policy(setting, value)
-                for replay, _ in self._found.values():
-                    policy.set_router_policy(replay, setting, value)
-
-    def fallbacks(self) -> dict[LayerKey, dict[str, int]]:
-        """Per layer: replayed passes that had no target and fell back, rows that were invalid and fell back."""
-        return {key: policy.fallback_counts(replay) for key, (replay, _) in self._found.items()}
-
-    def reset_fallbacks(self) -> None:
-        for replay, _ in self._found.values():
-            policy.reset_counts(replay)
-
 
 def _sequence_parallel(config: Any) -> bool:
     from patchkit.runtime.probing import get_field
@@ -256,18 +278,3 @@ def _check_index_tensor(indices: Any, key: Any) -> torch.Tensor:
     return indices
 
 
-def merge_layers(parts: Iterable[Mapping[LayerKey, torch.Tensor]]) -> dict[LayerKey, torch.Tensor]:
-    """Union of per-chunk / per-stage ``{key: indices}`` mappings, in global layer order."""
-    merged: dict[LayerKey, torch.Tensor] = {}
-    for part in parts:
-        for key, value in part.items():
-            if key in merged:
-                raise RouterReplayError(f"layer {key!r} appears in two of the merged parts")
-            merged[key] = value
-    return {key: merged[key] for key in sorted(merged, key=layer_order)}
-
-
-def stack_layers(by_layer: Mapping[LayerKey, torch.Tensor]) -> tuple[list[LayerKey], torch.Tensor]:
-    """``(keys, [tokens, L, topk])`` in global layer order: what ``unpack`` turns into per-sample rows."""
-    keys = sorted(by_layer, key=layer_order)
-    return keys, torch.stack([by_layer[key] for key in keys], dim=1)

@@ -30,8 +30,8 @@ from megatron.core.transformer.moe.moe_utils import group_limited_topk
 
 from patchkit.runtime.probing import get_field
 
+from ._errors import RouterReplayError
 from ._router_replay_backport import RouterReplay
-from .router_replay_api import RouterReplayError
 
 _active_replay: contextvars.ContextVar[Optional[RouterReplay]] = contextvars.ContextVar(
     "patchkit_active_router_replay", default=None

@@ -9,22 +9,10 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from patchkit.runtime.errors import PatchkitError
+from ._errors import RoutingReplayKeywordConflict
 
 KEYWORD = "enable_routing_replay"
 FIELD = "moe_enable_routing_replay"
-
-
-class RoutingReplayKeywordConflict(PatchkitError, ValueError):
-    """``enable_routing_replay`` and ``moe_enable_routing_replay`` were both given, with different values."""
-
-    def __init__(self, keyword: Any, field: Any) -> None:
-        self.keyword = keyword
-        self.field = field
-        super().__init__(
-            f"TransformerConfig got enable_routing_replay={keyword!r} and moe_enable_routing_replay={field!r}; "
-            "they are one switch (enable_routing_replay is the older name): pass one of them"
-        )
 
 
 def take_keyword(kwargs: dict[str, Any]) -> tuple[bool, Any]:

@@ -27,6 +27,7 @@ import types
 from collections.abc import Iterable
 from typing import Any
 
+from ._errors import MTPModelError
 from ._mtp_options import (
     LAYER_MARK,
     MODEL_MARK,
@@ -44,10 +45,6 @@ __all__ = ["MTPModelError", "MTPOptionError", "MTPOptions", "configure", "disabl
 _DECLARATION_PACKAGE = "patchkit.patches.megatron"
 _POSTPROCESS_PATCH = "megatron.mtp_postprocess"
 _DETACH_PATCH = "megatron.mtp_detach_inputs"
-
-
-class MTPModelError(TypeError):
-    """``enable``/``disable`` was given something that holds no megatron ``GPTModel``."""
 
 
 def _gpt_models(model: Any) -> list[Any]:
@@ -79,9 +76,9 @@ def _factory(patch_id: str) -> Any:
     from patchkit.runtime.installer import resolve_reference
     from patchkit.runtime.versions import Outcome, installed_version, select_variant
 
-    from .mtp_postprocess import PATCHES as DECLARED
+    from . import mtp_detach_inputs, mtp_postprocess
 
-    patch = next(p for p in DECLARED if p.id == patch_id)
+    patch = next(p for module in (mtp_postprocess, mtp_detach_inputs) for p in module.PATCHES if p.id == patch_id)
     versions = {dist: installed_version(dist, patch.version_modules.get(dist)) for dist in patch.distributions}
     selection = select_variant(patch, versions)
     if selection.outcome is not Outcome.SELECTED or selection.variant is None:

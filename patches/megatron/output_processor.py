@@ -17,7 +17,7 @@ _GPT_MODEL = "megatron.core.models.gpt.gpt_model"
 PATCHES = (
     Patch(
         id="megatron.output_processor",
-        self_check="._selfchecks:check_output_processor",
+        self_check="._checks.output_processor:check_output_processor",
         summary=(
             "GPTModel.forward takes output_processor / output_processor_context (0.18's hook) on 0.14-0.17: "
             "the processor gets hidden states and the output layer instead of logits being computed."

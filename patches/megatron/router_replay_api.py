@@ -18,21 +18,43 @@ Index tensors are in the packed THD token order the model sees; :func:`pack` and
 convert from and to per-sample ``[batch, seq, ...]`` tensors with the FP8 / quantization-aware
 padding the model's input was built with (see ``_router_replay_packing``).
 
-This module imports neither torch nor megatron until a function is called. It declares no patch
-(they are declared in ``router_replay``), so the catalogue does not load it at start-up.
+Every function here drives one :class:`~patchkit.patches.megatron._router_replay_scope.RouterSet`:
+the process's routers in build order (:meth:`RouterSet.of_process`), or one model's routers keyed by
+layer number (:func:`for_model`, a ``ModelRouters``). This module imports neither torch nor megatron
+until a function is called. It declares no patch (they are declared in ``router_replay`` and its
+siblings), so the catalogue does not load it at start-up.
 """
 
 from __future__ import annotations
 
-import enum
-import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
+
+from ._constants import Action
+from ._errors import (
+    PackedShapeError,
+    ReplayIndexInvalidError,
+    ReplayIndexMismatchError,
+    ReplayTargetMissingError,
+    RouterReplayConflictError,
+    RouterReplayError,
+    RouterReplayUnavailableError,
+)
+from ._router_replay_owner import Ownership, ownership_of, process_routers, replay_class
+
+# The names this module had before the owner module existed (tests and callers reach for them).
+from ._router_replay_owner import check_ownership as _check_ownership  # noqa: F401
+from ._router_replay_owner import foreign_signs as _foreign_signs  # noqa: F401
+from ._router_replay_owner import replay_class as _replay_class  # noqa: F401
+from ._router_replay_owner import replay_module as _replay_module  # noqa: F401
+from ._router_replay_owner import require_routers as _require_routers  # noqa: F401
+from ._router_replay_owner import upstream_action as _upstream_action  # noqa: F401
 
 if TYPE_CHECKING:
     import torch
 
     from ._router_replay_dist import gather_pipeline, gather_sequence_parallel  # noqa: F401
+    from ._router_replay_layers import merge_layers, stack_layers  # noqa: F401
     from ._router_replay_packing import (  # noqa: F401
         ThdLayout,
         pack,
@@ -41,105 +63,22 @@ if TYPE_CHECKING:
         unpack,
         uses_fp8_padding,
     )
-    from ._router_replay_scope import ModelRouters, merge_layers, moe_layer_numbers, stack_layers  # noqa: F401
+    from ._router_replay_scope import ModelRouters, RouterSet, moe_layer_numbers  # noqa: F401
 
 __all__ = [
     "Action", "ModelRouters", "Ownership", "PackedShapeError", "ReplayIndexInvalidError", "ReplayIndexMismatchError",
     "ReplayTargetMissingError", "RouterReplayConflictError", "RouterReplayError", "RouterReplayUnavailableError",
-    "ThdLayout", "clear", "enable", "fallbacks", "for_model", "gather_pipeline", "gather_sequence_parallel",
-    "merge_layers", "moe_layer_numbers", "ownership", "pack", "pending_backward", "policy", "recorded", "reset",
-    "routers", "sequence_parallel_shard", "set_action", "set_policy", "set_targets", "stack_layers", "thd_layout",
-    "unpack", "uses_fp8_padding",
+    "RouterSet", "ThdLayout", "clear", "enable", "fallbacks", "for_model", "gather_pipeline",
+    "gather_sequence_parallel", "merge_layers", "moe_layer_numbers", "ownership", "pack", "pending_backward",
+    "policy", "recorded", "reset", "routers", "sequence_parallel_shard", "set_action", "set_policy", "set_targets",
+    "stack_layers", "thd_layout", "unpack", "uses_fp8_padding",
 ]
 
 
-class RouterReplayError(RuntimeError):
-    """Router replay was asked for something the current model or data cannot do."""
+def _process(*, require: bool = True) -> RouterSet:
+    from ._router_replay_scope import RouterSet
 
-
-class PackedShapeError(RouterReplayError, ValueError):
-    """A packed index tensor whose shape does not fit the :class:`ThdLayout` it is used with."""
-
-
-class RouterReplayUnavailableError(RouterReplayError):
-    """No MoE router of this process has replay state (not enabled, or the patch not applied)."""
-
-
-class ReplayTargetMissingError(RouterReplayError):
-    """A router was told to replay but has no indices queued for this pass."""
-
-
-class RouterReplayConflictError(RouterReplayError):
-    """Another framework's replay patch owns the routers; patchkit's API stands aside."""
-
-
-class ReplayIndexInvalidError(RouterReplayError, ValueError):
-    """Replayed rows hold expert indices outside ``[0, num_experts)`` (e.g. the ``-1`` sentinel)."""
-
-    def __init__(
-        self, *, layer: Any, rows: int, tokens: int, num_experts: int, action: str = "", example: Any = None
-    ) -> None:
-        self.layer = layer
-        self.rows = rows
-        self.tokens = tokens
-        self.num_experts = num_experts
-        super().__init__(
-            f"MoE layer {layer}" + (f" ({action})" if action else "") + f": {rows} of {tokens} replayed rows "
-            f"hold expert indices outside [0, {num_experts}) (first such row: {example}); rollout engines "
-            "write -1 for tokens they have no routing for. Fix the rows, or set_policy(on_invalid='native') "
-            "to let the router choose for them"
-        )
-
-
-class ReplayIndexMismatchError(RouterReplayError, ValueError):
-    """Replayed indices do not have one row of ``topk`` experts per token the router sees."""
-
-    def __init__(
-        self,
-        *,
-        layer: Any,
-        expected_tokens: int,
-        got_tokens: int,
-        topk: Optional[int] = None,
-        got_shape: tuple[int, ...] = (),
-        action: str = "",
-    ) -> None:
-        self.layer = layer
-        self.expected_tokens = expected_tokens
-        self.got_tokens = got_tokens
-        self.topk = topk
-        self.got_shape = got_shape
-        where = f"MoE layer {layer}" + (f" ({action})" if action else "")
-        shape = f" [{expected_tokens}, {topk}]" if topk is not None else ""
-        super().__init__(
-            f"{where}: the router sees {expected_tokens} tokens but the replay target has "
-            f"{got_tokens} (shape {list(got_shape)}, expected{shape}); pack the per-sample "
-            "indices with the same THD padding (FP8 / TP / CP alignment) as the model input"
-        )
-
-
-class Action(str, enum.Enum):
-    """What every router does with its top-k selection in the next passes."""
-
-    RECORD = "record"
-    REPLAY_FORWARD = "replay_forward"
-    REPLAY_BACKWARD = "replay_backward"
-
-
-def _replay_module() -> Any:
-    """Upstream's ``router_replay`` module where megatron-core has it (0.16+), else the backport.
-
-    Both define ``RouterReplay`` and ``RouterReplayAction`` with the same names and values.
-    """
-    try:
-        from megatron.core.transformer.moe import router_replay
-    except ImportError:
-        from . import _router_replay_backport as router_replay
-    return router_replay
-
-
-def _replay_class() -> Any:
-    return _replay_module().RouterReplay
+    return RouterSet.of_process(require=require)
 
 
 def enable(config: Any) -> None:
@@ -153,34 +92,7 @@ def enable(config: Any) -> None:
 
 def routers() -> list[Any]:
     """Every MoE layer's replay state in this process, in the order the layers were built."""
-    return list(getattr(_replay_class(), "global_router_replay_instances", ()))
-
-
-class Ownership(NamedTuple):
-    """Who drives router replay in this process (see :func:`ownership`)."""
-
-    owner: str
-    """``"patchkit"`` (the 0.14/0.15 backport), ``"megatron-core"`` (native), ``"foreign"`` (another
-    framework's patch: patchkit stands aside), or ``"none"`` (no router with replay state)."""
-    detail: str
-
-
-def _foreign_signs(instances: Sequence[Any], expected: Any) -> list[str]:
-    signs = []
-    router_module = sys.modules.get("megatron.core.transformer.moe.router")
-    module_cls = getattr(router_module, "RouterReplay", None)
-    if module_cls is not None and not hasattr(module_cls, "global_router_replay_instances"):
-        signs.append(
-            f"megatron.core.transformer.moe.router.RouterReplay is {module_cls.__module__}.{module_cls.__qualname__}, "
-            "which keeps no global_router_replay_instances"
-        )
-    topk_router = getattr(router_module, "TopKRouter", None)
-    if topk_router is not None and getattr(topk_router, "_router_replay_patched", False):
-        signs.append("TopKRouter carries another framework's replay patch (_router_replay_patched)")
-    strangers = {type(r) for r in instances if not isinstance(r, expected)}
-    for cls in sorted(strangers, key=lambda c: c.__qualname__):
-        signs.append(f"routers hold replay state of class {cls.__module__}.{cls.__qualname__}")
-    return signs
+    return process_routers()
 
 
 def ownership(model: Any = None) -> Ownership:
@@ -192,70 +104,16 @@ def ownership(model: Any = None) -> Ownership:
     dispatcher count stand aside, and this API refuses to drive routers it does not own
     (:class:`RouterReplayConflictError`) instead of setting actions on objects nothing reads.
     """
-    expected = _replay_class()
     if model is not None:
         from ._router_replay_scope import find_routers
 
-        instances = [replay for replay, _ in find_routers(model).values()]
-    else:
-        instances = _live_router_states()
-    signs = _foreign_signs(instances, expected)
-    if signs:
-        return Ownership("foreign", "; ".join(signs))
-    if not instances:
-        return Ownership("none", "no MoE router with replay state")
-    native = expected.__module__.startswith("megatron.")
-    return Ownership("megatron-core" if native else "patchkit", f"{len(instances)} routers, {expected.__qualname__}")
-
-
-def _live_router_states() -> list[Any]:
-    return routers()
-
-
-def _check_ownership(instances: Sequence[Any], expected: Any) -> None:
-    signs = _foreign_signs(instances, expected)
-    if signs:
-        raise RouterReplayConflictError(
-            "another framework's router replay patch owns the routers (" + "; ".join(signs) + "); patchkit "
-            "stands aside: drive replay through that framework, or do not install its patch"
-        )
-
-
-def _require_routers() -> list[Any]:
-    instances = routers()
-    if not instances:
-        _check_ownership([], _replay_class())
-        raise RouterReplayUnavailableError(
-            "no MoE router has replay state: call router_replay_api.enable(config) before building "
-            "the model, and on megatron-core < 0.16 apply the patch 'megatron.router_replay' "
-            "(patchkit.apply_all()) before the model is built"
-        )
-    _check_ownership(instances, _replay_class())
-    return instances
-
-
-def _upstream_action(action: Union[Action, str, None]) -> Any:
-    if action is None:
-        return None
-    try:
-        wanted = Action(action)
-    except ValueError:
-        raise RouterReplayError(
-            f"unknown router replay action {action!r}; expected one of "
-            f"{[a.value for a in Action]} or None"
-        ) from None
-    return _replay_module().RouterReplayAction(wanted.value)
+        return ownership_of([replay for replay, _ in find_routers(model).values()])
+    return ownership_of(process_routers())
 
 
 def set_action(action: Union[Action, str, None]) -> None:
     """Set every router's action (``None`` clears it: routers compute top-k as usual)."""
-    instances = _require_routers()
-    upstream_action = _upstream_action(action)
-    for instance in instances:
-        if upstream_action is None:
-            instance.clear_router_replay_action()
-        else:
-            instance.set_router_replay_action(upstream_action)
+    _process().set_action(action)
 
 
 def set_targets(per_layer: Union["torch.Tensor", Sequence["torch.Tensor"]]) -> None:
@@ -267,18 +125,16 @@ def set_targets(per_layer: Union["torch.Tensor", Sequence["torch.Tensor"]]) -> N
     Indices are converted to int64, the dtype ``gather`` needs. Every tensor is checked before
     any router changes, so a bad entry leaves all routers as they were.
     """
-    instances = _require_routers()
+    process = _process()
     tensors = _split_layers(per_layer)
-    if len(tensors) != len(instances):
+    if len(tensors) != len(process.layers):
         raise RouterReplayError(
             f"set_targets got indices for {len(tensors)} MoE layers but the model has "
-            f"{len(instances)} routers with replay state"
+            f"{len(process.layers)} routers with replay state"
         )
     from ._router_replay_scope import _check_index_tensor
 
-    prepared = [_check_index_tensor(indices, layer).long() for layer, indices in enumerate(tensors)]
-    for instance, indices in zip(instances, prepared, strict=True):
-        instance.set_target_indices(indices)
+    process.assign_targets({layer: _check_index_tensor(indices, layer).long() for layer, indices in enumerate(tensors)})
 
 
 def _split_layers(per_layer: Any) -> list[Any]:
@@ -294,25 +150,23 @@ def _split_layers(per_layer: Any) -> list[Any]:
 
 def recorded() -> list[Optional["torch.Tensor"]]:
     """The indices each router recorded in its last ``RECORD`` pass (None where it did not)."""
-    return [instance.get_recorded_indices() for instance in _require_routers()]
+    return list(_process().recorded_indices().values())
 
 
 def pending_backward() -> list[int]:
     """How many queued targets each router still holds for ``REPLAY_BACKWARD``."""
-    return [len(instance.replay_backward_list) for instance in _require_routers()]
+    return list(_process().pending_backward().values())
 
 
 def clear() -> None:
     """Drop recorded and target indices and clear every router's action."""
-    for instance in routers():
-        instance.clear_indices()
-        instance.clear_router_replay_action()
+    _process(require=False).clear()
 
 
 def reset() -> None:
     """Forget every router's replay state (the routers of models no longer in use)."""
     clear()
-    registry = getattr(_replay_class(), "global_router_replay_instances", None)
+    registry = getattr(replay_class(), "global_router_replay_instances", None)
     if registry is not None:
         registry.clear()
 
@@ -339,9 +193,7 @@ def policy() -> dict[str, str]:
 
 def fallbacks() -> list[dict[str, int]]:
     """Per router (process order): replayed passes without a target, and invalid rows, that fell back."""
-    from . import _router_replay_policy as _policy
-
-    return [_policy.fallback_counts(instance) for instance in routers()]
+    return list(_process(require=False).fallbacks().values())
 
 
 def for_model(model: Any, *, include_mtp: bool = True) -> "ModelRouters":
@@ -359,7 +211,8 @@ _LAZY = {
     "_router_replay_packing": (
         "ThdLayout", "thd_layout", "pack", "unpack", "sequence_parallel_shard", "uses_fp8_padding",
     ),
-    "_router_replay_scope": ("ModelRouters", "merge_layers", "stack_layers", "moe_layer_numbers"),
+    "_router_replay_scope": ("ModelRouters", "RouterSet", "moe_layer_numbers"),
+    "_router_replay_layers": ("merge_layers", "stack_layers"),
     "_router_replay_dist": ("gather_pipeline", "gather_sequence_parallel"),
 }
 

@@ -19,7 +19,7 @@ _VERSION_MODULES = {"megatron-core": "megatron.core"}
 PATCHES = (
     Patch(
         id="megatron.routing_replay_keyword",
-        self_check="._selfchecks:check_routing_replay_keyword",
+        self_check="._checks.routing_replay_keyword:check_routing_replay_keyword",
         summary=(
             "TransformerConfig and MLATransformerConfig accept enable_routing_replay=..., mapped to "
             "moe_enable_routing_replay; config.enable_routing_replay reads and writes that field."

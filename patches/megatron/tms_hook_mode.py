@@ -17,7 +17,7 @@ _HOOK_MODE = "torch_memory_saver.entrypoint:TorchMemorySaver.hook_mode"
 PATCHES = (
     Patch(
         id="megatron.tms_hook_mode",
-        self_check="._selfchecks:check_tms_hook_mode",
+        self_check="._checks.tms_hook_mode:check_tms_hook_mode",
         summary=(
             "Importing megatron-core keeps the torch_memory_saver hook mode the process chose (set "
             "before, or preload under LD_PRELOAD) and no longer raises on an initialised saver; "

@@ -21,7 +21,7 @@ from typing import Iterable, Iterator, Literal
 
 import torch
 
-from ._export_errors import QATExportError
+from ._errors import QATExportError
 
 ExpertLayout = Literal["per_expert", "fused"]
 EXPERT_LAYOUTS: tuple[str, ...] = ("per_expert", "fused")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from ._export_errors import QATExportError
+from ._errors import QATExportError
 
 
 class NonFiniteWeights:

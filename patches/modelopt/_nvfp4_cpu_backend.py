@@ -32,7 +32,7 @@ from modelopt.torch.quantization.nn.modules.tensor_quantizer import (
     unregister_quant_backend,
 )
 
-from .qat import CPU_BACKEND_NAME as BACKEND_NAME
+from ._constants import CPU_BACKEND_NAME as BACKEND_NAME
 
 FP4_E2M1_MAX = 6.0
 FP8_E4M3_MAX = 448.0

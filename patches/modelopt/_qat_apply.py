@@ -27,8 +27,8 @@ import torch
 from modelopt.torch.quantization.nn import QuantModuleRegistry, TensorQuantizer
 from torch import nn
 
+from ._errors import ModelOptPluginError, QATApplyError, QATConfigError
 from ._qat_config import build_qat_config, normalize_mode, resolve_backend
-from ._qat_errors import ModelOptPluginError, QATApplyError, QATConfigError
 from ._qat_names import hf_patterns_to_megatron, resolve_ignore
 from ._qat_plugins import MEGATRON_PLUGIN, megatron_linear_types, megatron_plugin_failure
 from ._qat_rollback import ModuleSnapshot

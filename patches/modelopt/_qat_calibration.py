@@ -22,7 +22,7 @@ import torch
 from modelopt.torch.quantization.nn import TensorQuantizer
 from torch import nn
 
-from ._qat_errors import QATCalibrationError
+from ._errors import QATCalibrationError
 from ._qat_wrappers import unwrap
 
 

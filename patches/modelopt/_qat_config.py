@@ -18,9 +18,9 @@ import modelopt.torch.quantization as mtq
 from modelopt.torch.quantization import config as mtq_config
 from modelopt.torch.quantization.nn.modules.tensor_quantizer import is_registered_quant_backend
 
-from ._qat_errors import QATConfigError
+from ._constants import CPU_BACKEND_NAME
+from ._errors import QATConfigError
 from ._qat_names import hf_patterns_to_megatron, resolve_ignore
-from .qat import CPU_BACKEND_NAME
 
 logger = logging.getLogger(__name__)
 

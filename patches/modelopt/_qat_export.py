@@ -29,8 +29,8 @@ import torch
 from modelopt.torch.quantization.nn import TensorQuantizer
 from torch import nn
 
+from ._errors import QATExportError
 from ._expert_layout import ExpertLayout, check_expert_layout, split_fused_experts
-from ._export_errors import QATExportError
 from ._export_finite import NonFiniteWeights
 from ._export_names import export_order_key, global_names
 from ._export_tensors import QuantSpec, checkpoint_tensors

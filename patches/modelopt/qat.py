@@ -1,14 +1,15 @@
-"""NVFP4 W4A16 quantization-aware training with ModelOpt: the public helpers and the CPU backend patch.
+"""NVFP4 W4A16 quantization-aware training with ModelOpt: the public helpers.
 
-Declaration module: imported by ``patchkit.apply_all()``, so it imports nothing heavy. The helpers
-users call (:func:`build_qat_config`, :func:`apply_qat`, :func:`qat_settings`,
-:func:`check_weight_calibration`, :func:`weight_amax`, :func:`hf_patterns_to_megatron`) live in
+A public API module: it declares no patch (``patchkit.apply_all()`` does not import it) and imports
+nothing heavy. The helpers users call (:func:`build_qat_config`, :func:`apply_qat`,
+:func:`qat_settings`, :func:`check_weight_calibration`, :func:`weight_amax`,
+:func:`hf_patterns_to_megatron`) live in
 ``_qat_*`` implementation modules that import ModelOpt and torch at their top; they are reached
 through this module's ``__getattr__`` (PEP 562), so ``from patchkit.patches.modelopt.qat import
 apply_qat`` works and the cost is paid only by code that uses QAT.
 
-The one patch declared here is opt-in: ``modelopt.nvfp4_cpu_fake_quant`` registers a pure-torch
-NVFP4 fake-quant backend through ModelOpt's ``register_quant_backend``, so QAT runs on machines
+The patch that goes with them, declared in ``nvfp4_cpu_fake_quant``, is opt-in: it registers a
+pure-torch NVFP4 fake-quant backend through ModelOpt's ``register_quant_backend``, so QAT runs on machines
 without CUDA (CPU CI). While it is applied, :func:`build_qat_config` selects it for the weight
 quantizers; on a GPU leave it off and ModelOpt uses its own Triton/CUDA kernel.
 """
@@ -17,13 +18,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from patchkit import Call, Patch, Variant
-
-from ._qat_errors import ModelOptPluginError, QATApplyError, QATCalibrationError, QATConfigError
+from ._constants import CPU_BACKEND_NAME
+from ._errors import ModelOptPluginError, QATApplyError, QATCalibrationError, QATConfigError, QATExportError
 
 if TYPE_CHECKING:
     from ._export_config import export_qat_config
-    from ._export_errors import QATExportError
     from ._qat_apply import apply_qat
     from ._qat_calibration import check_weight_calibration, weight_amax
     from ._qat_config import MODE_ALIASES, SUPPORTED_MODES, build_qat_config
@@ -31,11 +30,8 @@ if TYPE_CHECKING:
     from ._qat_names import hf_patterns_to_megatron
     from ._qat_settings import QATSettings, qat_settings
 
-#: Name under which the CPU backend is registered with ModelOpt.
-CPU_BACKEND_NAME = "patchkit_nvfp4_cpu"
-
 __all__ = [
-    "CPU_BACKEND_NAME", "MODE_ALIASES", "PATCHES", "ModelOptPluginError", "QATApplyError", "QATCalibrationError",
+    "CPU_BACKEND_NAME", "MODE_ALIASES", "ModelOptPluginError", "QATApplyError", "QATCalibrationError",
     "QATConfigError", "QATExportError", "QATSettings", "SUPPORTED_MODES", "apply_qat", "build_qat_config",
     "check_weight_calibration", "export_implementation", "export_qat_config", "export_qat_weights",
     "hf_patterns_to_megatron", "qat_settings", "weight_amax",
@@ -55,7 +51,6 @@ _LAZY = {
     "export_qat_weights": "._qat_export",
     "export_implementation": "._qat_export",
     "export_qat_config": "._export_config",
-    "QATExportError": "._export_errors",
 }
 
 
@@ -69,48 +64,3 @@ def __getattr__(name: str) -> Any:
     globals()[name] = value
     return value
 
-
-PATCHES = (
-    Patch(
-        id="modelopt.nvfp4_cpu_fake_quant",
-        self_check="._selfchecks:check_nvfp4_cpu_fake_quant",
-        summary="Pure-torch NVFP4 fake-quant backend so ModelOpt QAT runs without CUDA (CPU CI).",
-        why=(
-            "ModelOpt fake-quantizes NVFP4 only with its Triton kernel or CUDA extension, so QAT code "
-            "cannot be exercised in CPU CI. The backend reproduces the Triton kernel's arithmetic "
-            "(FP8 E4M3 block scales, E2M1 rounding with the kernel's tie rules) and is checked against "
-            "it on a GPU."
-        ),
-        upstream=(
-            "https://github.com/NVIDIA/Model-Optimizer/blob/0.47.0/modelopt/torch/kernels/quantization/"
-            "common/nvfp4_quant.py (register_quant_backend in modelopt/torch/quantization/nn/modules/"
-            "tensor_quantizer.py)"
-        ),
-        removal="Remove if ModelOpt ships a CPU implementation of NVFP4 fake quantization.",
-        version_modules={"nvidia-modelopt": "modelopt"},
-        opt_in=True,
-        variants=(
-            Variant(
-                requires={"nvidia-modelopt": ">=0.43,<0.48"},
-                installs=(
-                    Call(
-                        "._nvfp4_cpu_backend:install",
-                        "._nvfp4_cpu_backend:uninstall",
-                        after="modelopt.torch.quantization",
-                    ),
-                ),
-            ),
-            Variant(
-                # 0.48's kernel zeroes only a zero block scale (0.47 replaced scales below 1e-5 by 1).
-                requires={"nvidia-modelopt": ">=0.48.0rc0,<0.49"},
-                installs=(
-                    Call(
-                        "._nvfp4_cpu_backend:install_v048",
-                        "._nvfp4_cpu_backend:uninstall",
-                        after="modelopt.torch.quantization",
-                    ),
-                ),
-            ),
-        ),
-    ),
-)

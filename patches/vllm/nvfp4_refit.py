@@ -44,7 +44,7 @@ _MOE = _record("ModelOptNvFp4FusedMoE")
 PATCHES = (
     Patch(
         id="vllm.nvfp4_refit",
-        self_check="._selfchecks:check_nvfp4_refit",
+        self_check="._checks.patches:check_nvfp4_refit",
         summary=(
             "ModelOpt NVFP4 linear and MoE layers record their checkpoint parameters so "
             "patchkit.patches.vllm.refit can reload them into the same kernel tensors."

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-from patchkit.runtime.errors import PatchkitError
+from ._errors import RefitError, RefitInProgressError
 
 __all__ = [
     "RefitError", "RefitInProgressError", "prepare_refit", "finish_refit", "abort_refit", "refit", "refit_weights",
@@ -47,37 +47,6 @@ __all__ = [
 ]
 
 PATCH_ID = "vllm.nvfp4_refit"
-
-
-class RefitError(PatchkitError, ValueError):
-    """A refit could not be applied; the model still serves its previous weights.
-
-    ``layer`` and ``parameter`` name what failed (``None`` when the failure is model-wide);
-    ``expected`` and ``got`` describe the parameter and the refit tensor (shape and dtype) when the
-    failure is about a tensor.
-    """
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        layer: str | None = None,
-        parameter: str | None = None,
-        expected: str | None = None,
-        got: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.layer = layer
-        self.parameter = parameter
-        self.expected = expected
-        self.got = got
-
-
-class RefitInProgressError(RefitError):
-    """Another refit call is running on this model (another thread), or a refit is already prepared.
-
-    Raised at once, before anything is changed: the refit in progress carries on undisturbed.
-    """
 
 
 def refit_mode() -> str:

@@ -31,11 +31,16 @@ class Registered(NamedTuple):
     package: str | None
 
 
-class CatalogueError(NamedTuple):
-    """A declaration module that could not be loaded; reported, never raised at start-up."""
+class CatalogueLoadFailure(NamedTuple):
+    """A declaration module that could not be loaded: a record (reported, never raised at start-up),
+    not an exception, hence not named ``...Error``."""
 
     module: str
     error: str
+
+
+#: The record's former name, kept for callers (``engine.py`` among them) until they use the new one.
+CatalogueError = CatalogueLoadFailure
 
 
 #: A top-level assignment of ``PATCHES`` (``PATCHES = (`` or ``PATCHES: tuple[Patch, ...] = (``),
@@ -95,10 +100,10 @@ def declarations(module_name: str) -> tuple[Patch, ...]:
     return patches
 
 
-def load(package_name: str = CATALOGUE_PACKAGE) -> tuple[list[Registered], list[CatalogueError]]:
+def load(package_name: str = CATALOGUE_PACKAGE) -> tuple[list[Registered], list[CatalogueLoadFailure]]:
     """Import every declaration module and collect its ``PATCHES``."""
     found: list[Registered] = []
-    errors: list[CatalogueError] = []
+    errors: list[CatalogueLoadFailure] = []
     for module_name in _declaration_modules(package_name):
         try:
             patches = declarations(module_name)
@@ -106,7 +111,7 @@ def load(package_name: str = CATALOGUE_PACKAGE) -> tuple[list[Registered], list[
             raise
         except BaseException as exc:  # a broken declaration (even one calling sys.exit) must not end the host
             logger.error("patchkit: cannot load patch declarations from %s: %r", module_name, exc)
-            errors.append(CatalogueError(module_name, repr(exc)))
+            errors.append(CatalogueLoadFailure(module_name, repr(exc)))
             continue
         package = module_name.rpartition(".")[0]
         found.extend(Registered(patch, package) for patch in patches)

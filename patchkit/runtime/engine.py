@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, NamedTuple, 
 
 from . import gating, interrupts
 from . import settings as settings_module
-from .catalogue import CatalogueError, Registered
+from .catalogue import CatalogueLoadFailure, Registered
 from .decision import Decision, Facts, Step, Trigger, decide, next_step, switched_off
 from .declaration import Patch, Variant, validate
 from .errors import (
@@ -166,7 +166,7 @@ class Engine:
     and embedders may build their own from explicit ``Registered`` patches.
     """
 
-    def __init__(self, patches: Iterable[Registered] = (), catalogue_errors: Iterable[CatalogueError] = (),
+    def __init__(self, patches: Iterable[Registered] = (), catalogue_errors: Iterable[CatalogueLoadFailure] = (),
                  matrix: "RecordSource" = None) -> None:
         if not (matrix is None or callable(matrix) or isinstance(matrix, Mapping)):
             raise TypeError(f"Engine(matrix=...) takes records, not {type(matrix).__name__}: for a matrix file or "

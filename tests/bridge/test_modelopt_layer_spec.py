@@ -17,7 +17,7 @@ import pytest
 from megatron.bridge.models import gpt_provider
 from megatron.core.post_training.modelopt.layers import Norm as ModelOptNorm
 from packaging.version import Version
-from patchkit.patches.bridge._selfchecks import tiny_provider
+from patchkit.patches.bridge._checks.modelopt_layer_spec import tiny_provider
 
 import patchkit
 

@@ -11,7 +11,7 @@ from ep_worker import GROUPED_QUANTIZER
 from megatron.bridge.models.conversion import model_bridge
 from megatron.bridge.models.conversion.param_mapping import AutoMapping
 from packaging.version import Version
-from patchkit.patches.bridge._selfchecks import MIXED_NAMES, SORTED_NAMES
+from patchkit.patches.bridge._checks.expert_sort_key import MIXED_NAMES, SORTED_NAMES
 from patchkit.patches.modelopt.qat import apply_qat
 
 import patchkit

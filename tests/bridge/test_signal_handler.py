@@ -14,7 +14,7 @@ import signal
 import threading
 
 import pytest
-from patchkit.patches.bridge._selfchecks import enter_off_the_main_thread
+from patchkit.patches.bridge._checks.signal_handler_main_thread import enter_off_the_main_thread
 
 import patchkit
 from patchkit.doctor import FAILED, VERIFIED, run

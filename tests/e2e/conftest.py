@@ -48,7 +48,7 @@ def stack(vllm_config: object) -> Iterator[object]:
     """vLLM's model-parallel state and Megatron's (TP=PP=EP=1) on the same one-rank gloo group."""
     from megatron.core import parallel_state
     from megatron.core.transformer.moe import moe_utils
-    from patchkit.patches.megatron._cpu_stand_in import cpu_megatron, initialize_parallel_state
+    from patchkit.patches.megatron._checks._cpu_stand_in import cpu_megatron, initialize_parallel_state
 
     if not hasattr(moe_utils, "te_general_gemm"):  # megatron-core 0.16.1 without TransformerEngine
         moe_utils.te_general_gemm = None

@@ -40,7 +40,7 @@ class TrainedState:
 
 
 def trained_state(moe: bool, dtype: torch.dtype, steps: int, seed: int = 0) -> TrainedState:
-    from patchkit.patches.megatron._cpu_stand_in import cpu_megatron
+    from patchkit.patches.megatron._checks._cpu_stand_in import cpu_megatron
 
     with cpu_megatron():
         model = qat(build_gpt(moe, dtype=dtype, seed=seed))

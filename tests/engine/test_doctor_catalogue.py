@@ -1,7 +1,7 @@
 """Every shipped patch can be proven by `patchkit doctor`, and no self-check can pass vacuously.
 
 Read statically (no upstream needed): each declared patch names a self-check that is a function of
-its family's ``_selfchecks`` module, and at least one test marked ``@pytest.mark.breaks(<id>)`` puts
+its family's ``_checks`` package, and at least one test marked ``@pytest.mark.breaks(<id>)`` puts
 upstream's behaviour back in the patch's place and expects that check to fail. Those tests run in
 their upstream's environment (tests/megatron, tests/bridge, tests/modelopt, tests/vllm).
 """
@@ -53,10 +53,10 @@ def test_every_patch_declares_a_self_check_beside_its_implementation(registered)
     reference = registered.patch.self_check
     assert isinstance(reference, str), f"{registered.patch.id} declares no self_check"
     module, _, function = reference.partition(":")
-    assert module == "._selfchecks", f"{registered.patch.id}: self-checks live in its family's _selfchecks module"
+    assert module.startswith("._checks."), f"{registered.patch.id}: self-checks live in its family's _checks package"
     spec = importlib.util.find_spec(registered.package)
     assert spec is not None and spec.submodule_search_locations
-    checks = Path(next(iter(spec.submodule_search_locations))) / "_selfchecks.py"
+    checks = Path(next(iter(spec.submodule_search_locations)), *module[1:].split(".")).with_suffix(".py")
     assert function in functions_of(checks), f"{registered.patch.id}: {checks} defines no {function}()"
 
 

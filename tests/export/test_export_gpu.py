@@ -37,7 +37,7 @@ def megatron_gpu():
 def test_cuda_export_equals_modelopt_export_and_the_kernels_fake_quant(megatron_gpu, moe):
     from export_models import build_gpt
     from modelopt.torch.export import quant_utils
-    from patchkit.patches.modelopt._nvfp4_grid import at_rounding_tie
+    from patchkit.patches.modelopt._checks._nvfp4_grid import at_rounding_tie
     from patchkit.patches.modelopt._nvfp4_pack import dequantize_nvfp4
     from patchkit.patches.modelopt.qat import apply_qat, export_qat_weights
 

@@ -1,5 +1,5 @@
-"""The MoE CPU stand-ins (see ``cpu_harness``); shipped in ``patchkit.patches.megatron._cpu_stand_in``."""
+"""The MoE CPU stand-ins (see ``cpu_harness``); shipped in ``patchkit.patches.megatron._checks._cpu_stand_in``."""
 
-from patchkit.patches.megatron._cpu_stand_in import cpu_moe  # noqa: F401
+from patchkit.patches.megatron._checks._cpu_stand_in import cpu_moe  # noqa: F401
 
 __all__ = ["cpu_moe"]

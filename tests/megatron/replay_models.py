@@ -1,12 +1,12 @@
 """The tiny MoE GPT and helpers the router replay tests share with the self-checks.
 
-One copy: ``patchkit.patches.megatron._tiny_moe``. Also what the router replay test files share:
+One copy: ``patchkit.patches.megatron._checks._tiny_moe``. Also what the router replay test files share:
 the patch ids they apply and the installed megatron-core release.
 """
 
 from importlib.metadata import version
 
-from patchkit.patches.megatron._tiny_moe import (  # noqa: F401
+from patchkit.patches.megatron._checks._tiny_moe import (  # noqa: F401
     NUM_EXPERTS,
     TOPK,
     VOCAB_SIZE,

@@ -30,7 +30,7 @@ from mtp_checks import (
 from packaging.version import Version
 
 # The same drivers as the self-check (``check_mtp_recompute``): one piece of code.
-from patchkit.patches.megatron._mtp_recompute_probe import RECOMPUTE, checkpointed_call_grad, mtp_layer_grads
+from patchkit.patches.megatron._checks._mtp_recompute_probe import RECOMPUTE, checkpointed_call_grad, mtp_layer_grads
 from tiny_gpt import VOCAB_SIZE, Batch
 
 import patchkit

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 from packaging.version import Version
-from patchkit.patches.megatron._mtp_router_probe import (
+from patchkit.patches.megatron._checks._mtp_router_probe import (
     AUX_LOSS_CONFIG,
     empty_tracker,
     forced_entry_sizes,
@@ -99,7 +99,7 @@ def test_forced_tracker_entries_are_sized_for_decoder_and_mtp(moe_replay: dict, 
 
 def test_forced_tracker_keeps_entries_routers_already_made(moe_replay: dict) -> None:
     # An entry the routers created (this rank has MoE layers) is left as it is, values included.
-    from patchkit.patches.megatron._mtp_router_probe import tracked_values
+    from patchkit.patches.megatron._checks._mtp_router_probe import tracked_values
 
     with patchkit.applied(PATCH), empty_tracker():
         model = _model(1)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from patchkit.patches.megatron._output_processor_probe import (
+from patchkit.patches.megatron._checks._output_processor_probe import (
     LogProbContext,
     OutputLayerCalls,
     build_gpt,

@@ -1,6 +1,6 @@
-"""The tiny GPT the tests and the Megatron self-checks share: ``patchkit.patches.megatron._tiny_gpt``."""
+"""The tiny GPT the tests and the Megatron self-checks share: ``patchkit.patches.megatron._checks._tiny_gpt``."""
 
-from patchkit.patches.megatron._tiny_gpt import (  # noqa: F401
+from patchkit.patches.megatron._checks._tiny_gpt import (  # noqa: F401
     BATCH_SIZE,
     SEQ_LEN,
     VOCAB_SIZE,

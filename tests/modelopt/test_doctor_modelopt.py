@@ -81,8 +81,9 @@ def test_nvfp4_check_fails_when_ties_round_by_another_rule(backend, monkeypatch)
 @pytest.mark.breaks("modelopt.nvfp4_cpu_fake_quant")
 def test_nvfp4_check_fails_when_the_backend_is_not_registered(backend):
     from modelopt.torch.quantization.nn.modules.tensor_quantizer import unregister_quant_backend
+    from patchkit.patches.modelopt.qat import CPU_BACKEND_NAME
 
-    unregister_quant_backend(patchkit.patches.modelopt.qat.CPU_BACKEND_NAME)
+    unregister_quant_backend(CPU_BACKEND_NAME)
     try:
         verdict = verdict_of()
     finally:

@@ -96,9 +96,9 @@ def test_patch_registers_the_backend_and_revert_removes_it():
 
 def test_backend_is_opt_in():
     # A private engine holding only this patch, so apply_all installs nothing else in the process.
-    from patchkit.patches.modelopt import qat
+    from patchkit.patches.modelopt import nvfp4_cpu_fake_quant as declaration
 
-    engine = patchkit.Engine([patchkit.Registered(qat.PATCHES[0], qat.__package__)])
+    engine = patchkit.Engine([patchkit.Registered(declaration.PATCHES[0], declaration.__package__)])
     (record,) = engine.apply_all(environ={})
     assert record.state.value == "skipped" and record.reason.value == "opt_in"
     assert not is_registered_quant_backend(CPU_BACKEND_NAME)

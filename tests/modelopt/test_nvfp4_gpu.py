@@ -15,7 +15,7 @@ from typing import Any, Iterator
 import pytest
 import torch
 from modelopt.torch.quantization.nn import TensorQuantizer
-from patchkit.patches.modelopt._nvfp4_grid import at_rounding_tie
+from patchkit.patches.modelopt._checks._nvfp4_grid import at_rounding_tie
 from patchkit.patches.modelopt.qat import apply_qat
 from qat_fixtures import SEQ_LEN, VOCAB_SIZE, assert_blocks_on_fp4_grid, batch, build_tiny_moe_gpt
 

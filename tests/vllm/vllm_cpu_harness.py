@@ -89,4 +89,4 @@ def vllm_cpu_config(model_dir: Path) -> Iterator[object]:
 
 
 # The NVFP4 emulation and Marlin-layout redirects are shipped (the vLLM self-checks use them): one copy.
-from patchkit.patches.vllm._cpu_stand_in import cpu_marlin_layout, cpu_nvfp4_kernels  # noqa: E402,F401
+from patchkit.patches.vllm._checks._cpu_stand_in import cpu_marlin_layout, cpu_nvfp4_kernels  # noqa: E402,F401

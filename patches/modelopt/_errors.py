@@ -1,4 +1,9 @@
-"""Errors raised by the QAT helpers; importing this module costs nothing (no torch, no ModelOpt)."""
+"""The public errors of the ModelOpt patches and QAT helpers (apply, calibrate, export): every one a
+``patchkit.PatchkitError``.
+
+A leaf module: it imports nothing from the family (no torch, no ModelOpt), so importing it costs
+nothing; ``patchkit.patches.modelopt.qat`` re-exports each.
+"""
 
 from __future__ import annotations
 
@@ -84,3 +89,21 @@ class QATCalibrationError(PatchkitError, RuntimeError):
             f"undefined: {detail}. Quantize with patchkit's apply_qat (it calibrates weight amax from the "
             "weights), or run mtq.calibrate on the model, before exporting"
         )
+
+
+class QATExportError(PatchkitError, ValueError):
+    """A model, quantizer or Bridge that the NVFP4 export cannot turn into a checkpoint.
+
+    Raised before the first tensor is yielded wherever the problem can be seen up front (no QAT,
+    an uncalibrated quantizer, a parameter the Bridge does not map), so a consumer such as a vLLM
+    refit never receives half a model.
+    """
+
+    def __init__(self, problem: str, *, layer: str | None = None, parameter: str | None = None, hint: str = ""):
+        self.problem = problem
+        self.layer = layer
+        self.parameter = parameter
+        where = ""
+        if layer is not None or parameter is not None:
+            where = f" (layer {layer!r}, parameter {parameter!r})"
+        super().__init__(f"{problem}{where}" + (f"; {hint}" if hint else ""))

@@ -60,7 +60,7 @@ def at_rounding_tie(weight: torch.Tensor, amax: torch.Tensor, block_size: int = 
     ``rule`` is the release's tiny-scale rule (default: the installed release's; see
     ``_nvfp4_cpu_backend``): 0.47 replaces a block scale below 1e-5 with 1, 0.48 only a zero one.
     """
-    from ._nvfp4_cpu_backend import RULE_047, installed_release_rule
+    from .._nvfp4_cpu_backend import RULE_047, installed_release_rule
 
     rows = weight.float().reshape(-1, weight.shape[-1])
     blocks = rows.reshape(rows.shape[0], -1, block_size)

@@ -17,8 +17,8 @@ import torch
 
 from patchkit.selfcheck import CheckContext, expect
 
+from .._constants import CPU_BACKEND_NAME
 from ._nvfp4_grid import assert_blocks_on_fp4_grid, at_rounding_tie
-from .qat import CPU_BACKEND_NAME
 
 #: A block of 16 whose values (block scale 1) sit on each E2M1 rounding boundary, both signs.
 TIES = (6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -0.75, -1.25, -1.75, -2.5, -3.5, -5.0, 0.0)

@@ -16,7 +16,7 @@ from patchkit import Patch, Variant
 PATCHES = (
     Patch(
         id="megatron.swiglu_singleton_local_shards",
-        self_check="._selfchecks:check_swiglu_singleton_local_shards",
+        self_check="._checks.swiglu_singleton_local_shards:check_swiglu_singleton_local_shards",
         summary="apply_swiglu_sharded_factory accepts singleton_local_shards (needed by QAT checkpoints).",
         why="ModelOpt's quantized SequentialMLP shards swiglu fc1 with singleton_local_shards; core < 0.14 lacks it.",
         upstream="https://github.com/NVIDIA/Megatron-LM/blob/core_r0.14.0/megatron/core/transformer/mlp.py",

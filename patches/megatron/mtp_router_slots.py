@@ -15,7 +15,7 @@ _TRACK_MOE_METRICS = Wrap(f"{_MOE_UTILS}:track_moe_metrics", "._mtp_routers_v014
 PATCHES = (
     Patch(
         id="megatron.mtp_router_slots",
-        self_check="._selfchecks:check_mtp_router_slots",
+        self_check="._checks.mtp_router_slots:check_mtp_router_slots",
         summary=(
             "MoE routers of MTP layers get layer slots after the decoder's (num_layers + depth): their "
             "aux/z-loss in the MoE tracker (0.14-0.15), the forced tracker entries sized decoder + MTP "

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ._nvfp4_checkpoint import random_nvfp4
+from .._nvfp4_checkpoint import random_nvfp4
 
 EXPERTS, HIDDEN, INTERMEDIATE = 4, 64, 32
 PROJECTIONS = (("gate_proj", (INTERMEDIATE, HIDDEN)), ("up_proj", (INTERMEDIATE, HIDDEN)),

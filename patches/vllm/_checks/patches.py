@@ -25,7 +25,7 @@ import torch
 
 from patchkit.selfcheck import CheckContext, NeedsGPU, SelfCheckFailed, expect
 
-from ._nvfp4_checkpoint import (
+from .._nvfp4_checkpoint import (
     DOWN,
     UP,
     Bf16Linears,
@@ -40,7 +40,7 @@ from ._nvfp4_checkpoint import (
     process_weights_after_loading,
     weights_a,
 )
-from ._nvfp4_marlin_w4a16_impl import as_checkpoint_says
+from .._nvfp4_marlin_w4a16_impl import as_checkpoint_says
 
 IN_FEATURES = {UP: 64, DOWN: 32}
 
@@ -69,8 +69,8 @@ def _kernel_tensors(model: TwoLinears) -> dict[str, tuple[int, int]]:
 
 def check_nvfp4_refit(context: CheckContext) -> None:
     """Load, refit with exported weights, refit back: each time the layers serve exactly the weights given."""
+    from ..refit import refit
     from ._cpu_stand_in import vllm_context
-    from .refit import refit
 
     first, exported = weights_a(), exported_weights()  # on the CPU, from CPU generators
     with vllm_context(context.device):
@@ -230,8 +230,8 @@ def check_serve_signals_main_thread(context: CheckContext) -> None:
 
 def processed_tiny_moe(context_device: str, quantized: bool = True) -> Any:
     """vLLM's fused-MoE layer built, loaded and processed by vLLM's own code (see ``_tiny_moe``)."""
+    from .._nvfp4_checkpoint import process_weights_after_loading
     from ._cpu_stand_in import vllm_context
-    from ._nvfp4_checkpoint import process_weights_after_loading
     from ._tiny_moe import TinyMoE, checkpoint
 
     with vllm_context(context_device), torch.device(context_device):

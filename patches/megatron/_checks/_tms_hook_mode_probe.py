@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ._tms_hook_mode_v016 import MODULES_FORCING_TORCH_MODE, PRELOAD_LIBRARY
+from .._tms_hook_mode_v016 import MODULES_FORCING_TORCH_MODE, PRELOAD_LIBRARY
 
 
 def installed_source(module_name: str) -> tuple[str, str] | None:

@@ -22,7 +22,7 @@ SIG_UTILS = "megatron.bridge.training.utils.sig_utils"
 PATCHES = (
     Patch(
         id="bridge.signal_handler_main_thread",
-        self_check="._selfchecks:check_signal_handler_main_thread",
+        self_check="._checks.signal_handler_main_thread:check_signal_handler_main_thread",
         summary=(
             "DistributedSignalHandler can be entered off the main thread: the handler is installed on the "
             "main thread only."

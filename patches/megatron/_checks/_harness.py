@@ -1,0 +1,97 @@
+"""What several Megatron self-checks share: Megatron's parallel state on the check's device, and
+driving a tiny model's routers through ``router_replay_api``."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from patchkit.selfcheck import expect
+
+
+@contextlib.contextmanager
+def megatron_on(device: str) -> Iterator[None]:
+    """Megatron parallel state (TP=PP=CP=1) on a one-rank group, on ``device``."""
+    from megatron.core import parallel_state
+
+    from ._cpu_stand_in import cpu_megatron, destroy_parallel_state, initialize_parallel_state
+
+    with cpu_megatron() if device == "cpu" else contextlib.nullcontext():
+        started = not parallel_state.model_parallel_is_initialized()
+        if started:
+            if device == "cuda" and not torch.distributed.is_initialized():
+                start_nccl_group()
+            initialize_parallel_state()
+        try:
+            yield
+        finally:
+            if started:
+                destroy_parallel_state()
+
+
+def start_nccl_group() -> None:
+    import os
+
+    from ._cpu_stand_in import free_port
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = str(free_port())
+    torch.cuda.set_device(0)
+    torch.distributed.init_process_group(backend="nccl", rank=0, world_size=1)
+
+
+def forward(model: Any, batch: Any, labels: bool = True) -> torch.Tensor:
+    return model(batch.input_ids, batch.position_ids, batch.attention_mask,
+                 labels=batch.labels if labels else None, loss_mask=batch.loss_mask)
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0][:200] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}"
+
+
+@contextlib.contextmanager
+def moe_replay(device: str) -> Iterator[None]:
+    """Megatron on ``device`` with the MoE stand-ins on CPU; replay state of other models left as it was.
+
+    The routers a check builds register in upstream's process-wide list; they are removed again, and
+    the routers that were there before keep their actions and targets.
+    """
+    from .. import router_replay_api as replay
+    from ._cpu_stand_in import cpu_moe
+
+    registry = replay._replay_class().global_router_replay_instances
+    before = list(registry)
+    with megatron_on(device), cpu_moe() if device == "cpu" else contextlib.nullcontext():
+        try:
+            yield
+        finally:
+            registry[:] = before
+
+
+def replay_routers(model: Any) -> list[Any]:
+    from ._tiny_moe import routers
+
+    found = [getattr(r, "router_replay", None) for r in routers(model)]
+    expect(all(r is not None for r in found), "every MoE router of a model built after "
+           "router_replay_api.enable(config) has replay state", f"{len(found)} routers with replay state",
+           f"{sum(r is not None for r in found)}")
+    return found
+
+
+def drive(model_routers: list[Any], action: str | None, targets: list[torch.Tensor] | None = None) -> None:
+    """Set this model's routers only (other models' routers in the process are not touched)."""
+    from .. import router_replay_api as replay
+
+    upstream = replay._replay_module().RouterReplayAction
+    for index, router in enumerate(model_routers):
+        if targets is not None:
+            router.clear_indices()
+            router.set_target_indices(targets[index].long())
+        if action is None:
+            router.clear_router_replay_action()
+        else:
+            router.set_router_replay_action(upstream(action))

@@ -1,0 +1,123 @@
+"""The public errors of the Megatron-Core patches and their helpers: every one a ``patchkit.PatchkitError``.
+
+A leaf module: it imports nothing from the family, so every module of it (and a caller catching
+one of these) can import it without pulling in torch, Megatron or another module of the family.
+The modules that raise them re-export them under their old names (``router_replay_api``, ``mtp_api``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from patchkit.runtime.errors import PatchkitError
+
+
+class RouterReplayError(PatchkitError, RuntimeError):
+    """Router replay was asked for something the current model or data cannot do."""
+
+
+
+class PackedShapeError(RouterReplayError, ValueError):
+    """A packed index tensor whose shape does not fit the :class:`ThdLayout` it is used with."""
+
+
+
+class RouterReplayUnavailableError(RouterReplayError):
+    """No MoE router of this process has replay state (not enabled, or the patch not applied)."""
+
+
+
+class ReplayTargetMissingError(RouterReplayError):
+    """A router was told to replay but has no indices queued for this pass."""
+
+
+
+class RouterReplayConflictError(RouterReplayError):
+    """Another framework's replay patch owns the routers; patchkit's API stands aside."""
+
+
+
+class ReplayIndexInvalidError(RouterReplayError, ValueError):
+    """Replayed rows hold expert indices outside ``[0, num_experts)`` (e.g. the ``-1`` sentinel)."""
+
+    def __init__(
+        self, *, layer: Any, rows: int, tokens: int, num_experts: int, action: str = "", example: Any = None
+    ) -> None:
+        self.layer = layer
+        self.rows = rows
+        self.tokens = tokens
+        self.num_experts = num_experts
+        super().__init__(
+            f"MoE layer {layer}" + (f" ({action})" if action else "") + f": {rows} of {tokens} replayed rows "
+            f"hold expert indices outside [0, {num_experts}) (first such row: {example}); rollout engines "
+            "write -1 for tokens they have no routing for. Fix the rows, or set_policy(on_invalid='native') "
+            "to let the router choose for them"
+        )
+
+
+
+class ReplayIndexMismatchError(RouterReplayError, ValueError):
+    """Replayed indices do not have one row of ``topk`` experts per token the router sees."""
+
+    def __init__(
+        self,
+        *,
+        layer: Any,
+        expected_tokens: int,
+        got_tokens: int,
+        topk: Optional[int] = None,
+        got_shape: tuple[int, ...] = (),
+        action: str = "",
+    ) -> None:
+        self.layer = layer
+        self.expected_tokens = expected_tokens
+        self.got_tokens = got_tokens
+        self.topk = topk
+        self.got_shape = got_shape
+        where = f"MoE layer {layer}" + (f" ({action})" if action else "")
+        shape = f" [{expected_tokens}, {topk}]" if topk is not None else ""
+        super().__init__(
+            f"{where}: the router sees {expected_tokens} tokens but the replay target has "
+            f"{got_tokens} (shape {list(got_shape)}, expected{shape}); pack the per-sample "
+            "indices with the same THD padding (FP8 / TP / CP alignment) as the model input"
+        )
+
+
+
+class MTPOptionError(PatchkitError, ValueError):
+    """An MTP option was given a value it does not take."""
+
+
+
+class MTPRecomputeError(PatchkitError, RuntimeError):
+    """Activation recomputation of an MTP layer was asked for in a form this release cannot run."""
+
+
+
+class MTPModelError(PatchkitError, TypeError):
+    """``enable``/``disable`` was given something that holds no megatron ``GPTModel``."""
+
+
+
+class OutputProcessorWithMTPError(PatchkitError, NotImplementedError):
+    """An ``output_processor`` with MTP in the same postprocess, on a release before 0.18."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "GPTModel.forward(output_processor=...) with MTP layers in this stage needs megatron-core 0.18+: "
+            "before 0.18 the MTP loss is computed inside _postprocess from the output layer's logits, with "
+            "no point to hand the hidden states over; run without MTP or upgrade"
+        )
+
+
+
+class RoutingReplayKeywordConflict(PatchkitError, ValueError):
+    """``enable_routing_replay`` and ``moe_enable_routing_replay`` were both given, with different values."""
+
+    def __init__(self, keyword: Any, field: Any) -> None:
+        self.keyword = keyword
+        self.field = field
+        super().__init__(
+            f"TransformerConfig got enable_routing_replay={keyword!r} and moe_enable_routing_replay={field!r}; "
+            "they are one switch (enable_routing_replay is the older name): pass one of them"
+        )
