@@ -33,7 +33,9 @@ def autoload_variables(environ: Mapping[str, str] | None = None) -> dict[str, st
     """
     env = os.environ if environ is None else environ
     validate(env)
-    chosen = {name: value for name, value in env.items() if name in settings.VARIABLES}
+    # The catalogue's choice variables travel too: an MTP option set in the driver must hold in
+    # every rank and Ray actor, not only where it was typed.
+    chosen = {name: value for name, value in env.items() if name in settings.VARIABLES or name in settings.CHOICES}
     chosen[settings.AUTOLOAD] = "1"
     return chosen
 
@@ -43,6 +45,8 @@ def validate(environ: Mapping[str, str]) -> None:
     settings.from_environment(environ)
     settings.parse_modules(settings.EXTRA_PATCHES, environ.get(settings.EXTRA_PATCHES, ""))
     settings.parse_bool(settings.AUTOLOAD, environ.get(settings.AUTOLOAD, ""))
+    for variable in settings.CHOICES:
+        settings.choice(variable, environ)
 
 
 def environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -87,3 +87,22 @@ def test_runtime_env_refuses_a_malformed_driver_value(monkeypatch):
     monkeypatch.setenv("PATCHKIT_ENABLE", "toy..forward")
     with pytest.raises(ConfigError, match="PATCHKIT_ENABLE"):
         patchkit.processes.ray.runtime_env()
+
+
+def test_runtime_env_carries_the_catalogues_choice_variables(monkeypatch):
+    import patchkit.processes.ray
+
+    monkeypatch.setenv("PATCHKIT_MTP_OUTPUT_HEAD", "trained")
+    monkeypatch.setenv("PATCHKIT_MTP_WITHOUT_LABELS", "derive")
+    env = patchkit.processes.ray.runtime_env()
+    assert env["env_vars"] == {"PATCHKIT_AUTOLOAD": "1", "PATCHKIT_MTP_OUTPUT_HEAD": "trained",
+                               "PATCHKIT_MTP_WITHOUT_LABELS": "derive"}
+
+
+def test_runtime_env_refuses_a_bad_choice_in_the_driver(monkeypatch):
+    import patchkit.processes.ray
+    from patchkit import ConfigError
+
+    monkeypatch.setenv("PATCHKIT_MTP_OUTPUT_HEAD", "frozen")
+    with pytest.raises(ConfigError, match="PATCHKIT_MTP_OUTPUT_HEAD"):
+        patchkit.processes.ray.runtime_env()
