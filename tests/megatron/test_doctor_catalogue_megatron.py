@@ -110,3 +110,22 @@ def test_output_processor_check_fails_without_the_hook(monkeypatch):
                        "processor's result, found TypeError"
     assert verdict.verdict == FAILED
     assert expected in verdict.message
+
+
+# --- megatron.moe_recompute_release ---
+
+
+def test_moe_recompute_release_check_is_verified():
+    with patchkit.applied("megatron.moe_recompute_release"):
+        verdict = _verdict("megatron.moe_recompute_release")
+    assert verdict.verdict == VERIFIED, verdict.message
+
+
+@pytest.mark.breaks("megatron.moe_recompute_release")
+def test_moe_recompute_release_check_fails_with_upstreams_dispatchers():
+    with patchkit.applied("megatron.moe_recompute_release"), upstream_behaviour("megatron.moe_recompute_release"):
+        verdict = _verdict("megatron.moe_recompute_release")
+    assert verdict.verdict == FAILED
+    assert ("no tensor with autograd history is reachable from the model (holders): expected [], found "
+            "['decoder.layers.0.mlp.token_dispatcher.probs', 'decoder.layers.1.mlp.token_dispatcher.probs']"
+            in verdict.message)
