@@ -421,6 +421,22 @@ RECORDS = {
             )),
         ),
     },
+    'megatron.tp_group_if_none_helper': {
+        'native-0.13': (
+            ((('megatron-core', '0.14.0'),), 'native', (
+            )),
+            ((('megatron-core', '0.15.3'),), 'native', (
+            )),
+            ((('megatron-core', '0.16.1'),), 'native', (
+            )),
+            ((('megatron-core', '0.17.1'),), 'native', (
+            )),
+            ((('megatron-core', '0.18.2'),), 'native', (
+            )),
+            ((('megatron-core', '0.19.2'),), 'native', (
+            )),
+        ),
+    },
     'modelopt.nvfp4_cpu_fake_quant': {
         'nvidia-modelopt>=0.43,<0.48': (
             ((('nvidia-modelopt', '0.43.0'),), 'verified', (
