@@ -172,6 +172,34 @@ RECORDS = {
             )),
         ),
     },
+    'megatron.moe_recompute_release': {
+        'release-after-combine': (
+            ((('megatron-core', '0.14.0'),), 'verified', (
+                ('megatron.core.transformer.moe.token_dispatcher:MoEAllGatherTokenDispatcher.combine_postprocess', '3ab0a9e5008eca55'),
+                ('megatron.core.transformer.moe.token_dispatcher:MoEAlltoAllTokenDispatcher.combine_postprocess', '8c98188f8a423343'),
+            )),
+            ((('megatron-core', '0.15.3'),), 'verified', (
+                ('megatron.core.transformer.moe.token_dispatcher:MoEAllGatherTokenDispatcher.combine_postprocess', '3ab0a9e5008eca55'),
+                ('megatron.core.transformer.moe.token_dispatcher:MoEAlltoAllTokenDispatcher.combine_postprocess', '8c98188f8a423343'),
+            )),
+            ((('megatron-core', '0.16.1'),), 'verified', (
+                ('megatron.core.transformer.moe.token_dispatcher:MoEAllGatherTokenDispatcher.combine_postprocess', '3ab0a9e5008eca55'),
+                ('megatron.core.transformer.moe.token_dispatcher:MoEAlltoAllTokenDispatcher.combine_postprocess', '8c98188f8a423343'),
+            )),
+            ((('megatron-core', '0.17.1'),), 'verified', (
+                ('megatron.core.transformer.moe.token_dispatcher:MoEAllGatherTokenDispatcher.combine_postprocess', '3ab0a9e5008eca55'),
+                ('megatron.core.transformer.moe.token_dispatcher:MoEAlltoAllTokenDispatcher.combine_postprocess', '8c98188f8a423343'),
+            )),
+            ((('megatron-core', '0.18.2'),), 'verified', (
+                ('megatron.core.transformer.moe.token_dispatcher:MoEAllGatherTokenDispatcher.combine_postprocess', '3ab0a9e5008eca55'),
+                ('megatron.core.transformer.moe.token_dispatcher:MoEAlltoAllTokenDispatcher.combine_postprocess', '64b67128c93af290'),
+            )),
+            ((('megatron-core', '0.19.2'),), 'verified', (
+                ('megatron.core.transformer.moe.token_dispatcher:MoEAllGatherTokenDispatcher.combine_postprocess', '3ab0a9e5008eca55'),
+                ('megatron.core.transformer.moe.token_dispatcher:MoEAlltoAllTokenDispatcher.combine_postprocess', '64b67128c93af290'),
+            )),
+        ),
+    },
     'megatron.mtp_detach_inputs': {
         'detach-in-get-embeddings': (
             ((('megatron-core', '0.14.0'),), 'verified', (
@@ -246,6 +274,8 @@ RECORDS = {
     'megatron.mtp_router_slots': {
         'native-0.17': (
             ((('megatron-core', '0.17.1'),), 'native', (
+            )),
+            ((('megatron-core', '0.18.2'),), 'native', (
             )),
         ),
         'number-after-decoder': (
@@ -388,6 +418,22 @@ RECORDS = {
             ((('megatron-core', '0.14.0'), ('torch-memory-saver', '0.0.10')), 'native', (
             )),
             ((('megatron-core', '0.15.3'), ('torch-memory-saver', '0.0.10')), 'native', (
+            )),
+        ),
+    },
+    'megatron.tp_group_if_none_helper': {
+        'native-0.13': (
+            ((('megatron-core', '0.14.0'),), 'native', (
+            )),
+            ((('megatron-core', '0.15.3'),), 'native', (
+            )),
+            ((('megatron-core', '0.16.1'),), 'native', (
+            )),
+            ((('megatron-core', '0.17.1'),), 'native', (
+            )),
+            ((('megatron-core', '0.18.2'),), 'native', (
+            )),
+            ((('megatron-core', '0.19.2'),), 'native', (
             )),
         ),
     },

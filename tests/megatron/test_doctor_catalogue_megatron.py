@@ -110,3 +110,53 @@ def test_output_processor_check_fails_without_the_hook(monkeypatch):
                        "processor's result, found TypeError"
     assert verdict.verdict == FAILED
     assert expected in verdict.message
+
+
+# --- megatron.moe_recompute_release ---
+
+
+def test_moe_recompute_release_check_is_verified():
+    with patchkit.applied("megatron.moe_recompute_release"):
+        verdict = _verdict("megatron.moe_recompute_release")
+    assert verdict.verdict == VERIFIED, verdict.message
+
+
+@pytest.mark.breaks("megatron.moe_recompute_release")
+def test_moe_recompute_release_check_fails_with_upstreams_dispatchers():
+    with patchkit.applied("megatron.moe_recompute_release"), upstream_behaviour("megatron.moe_recompute_release"):
+        verdict = _verdict("megatron.moe_recompute_release")
+    assert verdict.verdict == FAILED
+    assert ("no tensor with autograd history is reachable from the model (holders): expected [], found "
+            "['decoder.layers.0.mlp.token_dispatcher.probs', 'decoder.layers.1.mlp.token_dispatcher.probs']"
+            in verdict.message)
+
+
+# --- megatron.tp_group_if_none_helper (native) ---
+
+
+def test_tp_group_if_none_helper_is_native_and_its_check_is_verified():
+    with patchkit.applied("megatron.tp_group_if_none_helper") as (status,):
+        assert (status.to_dict()["state"], status.to_dict()["reason"]) == ("skipped", "native")
+        verdict = _verdict("megatron.tp_group_if_none_helper")
+    assert verdict.verdict == VERIFIED, verdict.message
+
+
+@pytest.mark.breaks("megatron.tp_group_if_none_helper")
+def test_tp_group_if_none_helper_check_fails_without_upstreams_helper(monkeypatch):
+    """megatron-core 0.12's state: no such helper in megatron.core.utils."""
+    from megatron.core import utils
+
+    monkeypatch.delattr(utils, "get_tensor_model_parallel_group_if_none")
+    verdict = _verdict("megatron.tp_group_if_none_helper")
+    assert verdict.verdict == FAILED
+    assert "megatron.core.utils has get_tensor_model_parallel_group_if_none: expected a function, found NoneType" \
+        in verdict.message
+
+
+def test_tp_group_if_none_helper_check_fails_when_the_helper_ignores_none(monkeypatch):
+    from megatron.core import utils
+
+    monkeypatch.setattr(utils, "get_tensor_model_parallel_group_if_none", lambda group, **_: group)
+    verdict = _verdict("megatron.tp_group_if_none_helper")
+    assert verdict.verdict == FAILED
+    assert "for None it gives the tensor-parallel group" in verdict.message
