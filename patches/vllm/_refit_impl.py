@@ -25,7 +25,7 @@ place by vLLM's loaders; ``_refit_plain`` copies each aside before its first wri
 those back too: the whole model, not only the NVFP4 layers, is all-or-nothing.
 
 Each public call runs in a ``_refit_session.RefitCall``: the model is claimed (a second caller gets
-``RefitInProgressError``) and SIGINT/SIGTERM are held (``_refit_signals``) while patchkit changes the
+``RefitInProgressError``) and signals with Python handlers are held (``_refit_signals``) while patchkit changes the
 model: prepare, the checks and processing of finish (with safe points between layers, where a held
 signal is delivered and the refit rolled back), the commit (no safe point: a signal lands after the
 last copy; any other failure there is undone, ``_refit_commit``) and abort. Only the load phase
