@@ -182,15 +182,22 @@ def file_fingerprint(path: str | os.PathLike[str], qualname: Sequence[str], pers
         return _cached_file_fingerprint(identity(path), tuple(qualname))
     from . import fpcache
 
-    # One read: the key is the content's hash and the value is computed from the same bytes, so an
-    # entry can only ever describe the content it is filed under (never a file's identity).
-    source = Path(path).read_bytes()
-    key = fpcache.key(source, ".".join(qualname))
-    found = fpcache.lookup(key)
+    # The key is the content's hash (read once per file version in this process); a value is only
+    # ever computed from the bytes whose hash files it, so an entry describes exactly that content.
+    dotted = ".".join(qualname)
+    found = fpcache.lookup((_content_digest(*identity(path)), dotted))
     if found is fpcache.MISSING:
+        source = Path(path).read_bytes()
+        key = fpcache.key(source, dotted)
         found = _source_fingerprint_of(key[0], source, str(path), tuple(qualname))
         fpcache.store(key, found)
     return found if isinstance(found, str) else None
+
+
+@functools.lru_cache(maxsize=256)
+def _content_digest(path: str, size: int, mtime_ns: int, ctime_ns: int, inode: int) -> str:
+    """The sha256 of a file's content, per file identity within this process (see ``fpcache.key``)."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 _trees: dict[str, ast.Module] = {}  #: by content hash: a file parsed once for all its targets
