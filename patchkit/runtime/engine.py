@@ -466,10 +466,15 @@ class Engine:
             self._wait(entry, missing, f"waiting for {', '.join(missing)} to be imported", work)
             return
         # The job is listed before the entry is claimed: an interruption in between leaves no claim
-        # that _abandon would not find.
-        ticket = _Ticket()
-        work.jobs.append(_Job(entry, ticket, variant, forced, selection.detail, identical))
-        entry.ticket = ticket
+        # that _abandon would not find. Checked again with signals held: an apply_all() that a signal
+        # handler ran in this thread since this call chose the entry (the lock is reentrant) may have
+        # claimed or installed it already.
+        with interrupts.deferred():
+            if entry.ticket is not None or entry.state.installed:
+                return
+            ticket = _Ticket()
+            work.jobs.append(_Job(entry, ticket, variant, forced, selection.detail, identical))
+            entry.ticket = ticket
 
     def _forget_displaced(self, entry: _Entry) -> None:
         """Before installing a displaced patch again, restore the targets it still holds (an install

@@ -375,7 +375,7 @@ def test_real_sigint_and_sigterm_sweeps_pass_in_a_process_of_their_own():
         env={**os.environ, REAL_SIGNALS: "1"}, capture_output=True, text=True, timeout=600,
     )
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
-    assert "4 passed" in result.stdout
+    assert "5 passed" in result.stdout
 
 
 REAL_SIGNALS = "PATCHKIT_TEST_REAL_SIGNALS"
@@ -471,6 +471,35 @@ def test_in_a_child_sighup_or_sigusr1_whose_handler_raises_at_150_moments_is_rec
         assert timed_revert(toy, signum, runs=500) > 2
     finally:
         _signal.signal(signum, previous)
+
+
+@in_a_child
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_in_a_child_apply_all_run_by_a_signal_handler_during_apply_all_installs_each_patch_once(toy):
+    """A framework's handler (SIGUSR1: "re-apply patches") calling apply_all() while apply_all() runs
+    in the same thread (the engine's lock is reentrant). Before, the inner call installed a patch the
+    outer one had chosen but not yet claimed, and the outer one installed it again on top."""
+    engine = toy.fresh_engine()
+    calls: list[int] = []
+
+    def reapply(signum: int, frame: Any) -> None:
+        calls.append(signum)
+        engine.apply_all()  # noqa: B023 (the current engine, on purpose)
+
+    previous = _signal.signal(_signal.SIGUSR1, reapply)
+    try:
+        for run, raised in enumerate(at_moments(_signal.SIGUSR1, lambda: toy.apply(engine), 200)):  # noqa: B023
+            assert raised is None, run
+            toy.assert_consistent(engine, f"run {run}")
+            toy.apply(engine)
+            engine.apply_all()
+            toy.assert_all_applied(engine, f"run {run}")
+            engine.revert_all()
+            toy.assert_all_reverted(engine, f"run {run}")
+            engine = toy.fresh_engine()
+    finally:
+        _signal.signal(_signal.SIGUSR1, previous)
+    assert len(calls) > 100  # most moments fall inside the call (the rest after it: nothing to re-enter)
 
 
 def test_an_interrupt_as_the_import_hook_begins_does_not_leave_the_module_importing_for_ever(toy):
