@@ -17,18 +17,20 @@ one layer, done model-wide and all-or-nothing:
    ``process_weights_after_loading`` on every staged layer; check the new kernel tensors match the
    old ones; only then copy them into the old kernel tensors (addresses captured by CUDA graphs
    stay valid) and put the old tensor objects back. Any failure before the copy restores every
-   layer to its previous kernel tensors.
+   layer to its previous kernel tensors; a failure during the copies (or the KV-scale processing
+   after them) copies the overwritten values back (``_refit_commit``).
 
 Every other tensor the stream writes (norms, embeddings, unquantized layers, biases) is written in
 place by vLLM's loaders; ``_refit_plain`` copies each aside before its first write, so an abort puts
 those back too: the whole model, not only the NVFP4 layers, is all-or-nothing.
 
 Each public call runs in a ``_refit_session.RefitCall``: the model is claimed (a second caller gets
-``RefitInProgressError``) and SIGINT/SIGTERM are held (``_refit_signals``) while patchkit changes the
+``RefitInProgressError``) and signals with Python handlers are held (``_refit_signals``) while patchkit changes the
 model: prepare, the checks and processing of finish (with safe points between layers, where a held
 signal is delivered and the refit rolled back), the commit (no safe point: a signal lands after the
-last copy) and abort. Only the load phase lets a signal through at once; the window then rolls the
-model back before the signal's exception reaches the interrupted code.
+last copy; any other failure there is undone, ``_refit_commit``) and abort. Only the load phase
+lets a signal through at once; the window then rolls the model back before the signal's exception
+reaches the interrupted code.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from typing import Any
 import torch
 
 from . import _refit_plain, _refit_writes
+from ._refit_commit import CommitUndo
 from ._refit_loaders import counting_loader, get_loader, set_loader
 from ._refit_session import claimed
 from ._refit_signals import SignalWindow
@@ -230,11 +233,18 @@ def _finish(model: torch.nn.Module, window: SignalWindow) -> None:
             processed.append((layer, state, _process(name, layer, state)))
         window.safe_point()
         # No safe point from here on: a signal during the copies is delivered after the last one
-        # (the model then serves the new weights in full).
-        for layer, state, fresh in processed:
-            _commit(layer, state, fresh)
-        for _, layer in kv_layers:
-            _commit_kv_scales(layer)
+        # (the model then serves the new weights in full). Any other failure is undone.
+        undo = CommitUndo()
+        try:
+            while processed:  # each layer's new tensors are dropped once copied (_refit_commit: memory)
+                layer, state, fresh = processed.pop(0)
+                _commit(layer, state, fresh, undo)
+            for _, layer in kv_layers:
+                _commit_kv_scales(layer, undo)
+        except BaseException:
+            undo.rollback()
+            raise
+        undo.discard()
         plain = _refit_plain.take(model)
         if plain is not None:
             plain.release()
@@ -296,19 +306,20 @@ def _process(layer_name: str, layer: torch.nn.Module, state: LayerRefitState) ->
 
 
 @torch.no_grad()
-def _commit(layer: torch.nn.Module, state: LayerRefitState, fresh: KernelTensors) -> None:
+def _commit(layer: torch.nn.Module, state: LayerRefitState, fresh: KernelTensors, undo: CommitUndo) -> None:
     for name, old in state.kernel.items():
         new = fresh.get(name)
         if new is not None and new is not old:
-            old.data.copy_(new)
+            undo.copy(old, new)
     _unstage(state)
 
 
-def _commit_kv_scales(layer: torch.nn.Module) -> None:
+def _commit_kv_scales(layer: torch.nn.Module, undo: CommitUndo) -> None:
     log: LoadLog = object.__getattribute__(layer, _KV_STAGING_ATTR)
     object.__delattr__(layer, _KV_STAGING_ATTR)
     if log.loaded():
         # Upstream copies into the _k_scale/_v_scale/... buffers in place and deletes the params.
+        undo.save_scales(layer, after=lambda: _drop_kv_scale_params(layer))
         layer.quant_method.process_weights_after_loading(layer)
     else:
         # No scales in this refit: keep the ones in use (processing would reset them to 1.0).

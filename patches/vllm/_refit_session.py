@@ -1,4 +1,4 @@
-"""One refit call at a time per model, with SIGINT/SIGTERM held while it runs (``_refit_signals``).
+"""One refit call at a time per model, with signals held while it runs (``_refit_signals``).
 
 Each public refit call (``prepare_refit``, ``finish_refit``, ``abort_refit``, and the whole of
 ``refit_weights`` and of a ``with refit(model)`` block) claims the model first. The claim is a
@@ -65,7 +65,7 @@ class RefitCall:
 
 @contextlib.contextmanager
 def claimed(model: torch.nn.Module, rollback: Callable[[torch.nn.Module], None]) -> Iterator[RefitCall]:
-    """Hold SIGINT/SIGTERM, claim ``model`` (RefitInProgressError if claimed), run the block, release.
+    """Hold signals, claim ``model`` (RefitInProgressError if claimed), run the block, release.
 
     ``rollback`` is what an interrupt during the call's interruptible part runs before the signal's
     exception is let through.

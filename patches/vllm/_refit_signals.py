@@ -4,8 +4,10 @@ A refit changes many tensors, loader attributes and ``torch.Tensor``'s write met
 ``KeyboardInterrupt`` (or the exception a SIGTERM handler raises: ``SystemExit`` from ``sys.exit``)
 between two of those changes would leave the model half-prepared, half-committed or
 half-rolled-back. So for the length of one refit call a :class:`SignalWindow` replaces the handler
-of SIGINT and of SIGTERM, for each whose handler is a Python callable (the default SIGINT handler
-is; a SIGTERM left at the OS default ends the process at once, leaving nothing in it half-done):
+of every signal whose handler is a Python callable (the default SIGINT handler is; a framework's
+SIGTERM, SIGHUP, SIGUSR1... handler may raise too; the synchronous faults are never held: see
+:func:`patchkit.runtime.interrupts.held_signals`). A signal left at the OS default ends the process at
+once, leaving nothing in it half-done:
 
 - normally a signal is only noted. It reaches the handler that was in place at a
   :meth:`SignalWindow.safe_point` (where the refit can still roll back), or after the call, once
@@ -31,8 +33,7 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
-#: The signals a refit holds, when a Python handler is installed for them.
-HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+from patchkit.runtime.interrupts import held_signals
 
 Handler = Callable[[int, "FrameType | None"], Any]
 Pending = list[tuple[int, "FrameType | None"]]
@@ -53,11 +54,9 @@ class SignalWindow:
         if threading.current_thread() is not threading.main_thread():
             return False
         try:
-            for signum in HELD_SIGNALS:
-                previous = signal.getsignal(signum)
-                if callable(previous):
-                    self._previous[signum] = previous
-                    signal.signal(signum, self._handle)
+            for signum, previous in held_signals():
+                self._previous[signum] = previous
+                signal.signal(signum, self._handle)
         except ValueError:  # not the main interpreter
             self.close()
             return False

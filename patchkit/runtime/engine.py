@@ -425,10 +425,15 @@ class Engine:
             entry.variant = decision.variant
         if decision.installs:
             # The job is listed before the entry is claimed: an interruption in between leaves no
-            # claim that _abandon would not find.
-            ticket = _Ticket()
-            work.jobs.append(_Job(entry, ticket, decision))
-            entry.ticket = ticket
+            # claim that _abandon would not find. Checked again with signals held: an apply_all() that
+            # a signal handler ran in this thread since this call chose the entry (the lock is
+            # reentrant) may have claimed or installed it already.
+            with interrupts.deferred():
+                if entry.ticket is not None or entry.state.installed:
+                    return
+                ticket = _Ticket()
+                work.jobs.append(_Job(entry, ticket, decision))
+                entry.ticket = ticket
         elif decision.state is State.PENDING:
             # Hooks are armed after the lock is released (work.watch): one may fire at once (the
             # module was imported meanwhile) and must find the entry already pending.

@@ -26,7 +26,8 @@ What counts
 Costs
     Parsing a large upstream module takes tens of milliseconds, so fingerprints are computed only
     when asked, cached in memory per file identity (path, size, mtime, ctime, inode), and, for the
-    engine's drift check, on disk too (:mod:`patchkit.runtime.fpcache`).
+    engine's drift check, on disk too, keyed by the file's content hash
+    (:mod:`patchkit.runtime.fpcache`).
 """
 
 from __future__ import annotations
@@ -177,17 +178,40 @@ def file_fingerprint(path: str | os.PathLike[str], qualname: Sequence[str], pers
     With ``persist``, the on-disk cache (:mod:`.fpcache`) is read first and written after, so the
     next process that asks about the same file version does not parse it.
     """
-    file = identity(path)
     if not persist:
-        return _cached_file_fingerprint(file, tuple(qualname))
+        return _cached_file_fingerprint(identity(path), tuple(qualname))
     from . import fpcache
 
-    key = (*file, ".".join(qualname))
-    found = fpcache.lookup(key)
+    # The key is the content's hash (read once per file version in this process); a value is only
+    # ever computed from the bytes whose hash files it, so an entry describes exactly that content.
+    dotted = ".".join(qualname)
+    found = fpcache.lookup((_content_digest(*identity(path)), dotted))
     if found is fpcache.MISSING:
-        found = _cached_file_fingerprint(file, tuple(qualname))
+        source = Path(path).read_bytes()
+        key = fpcache.key(source, dotted)
+        found = _source_fingerprint_of(key[0], source, str(path), tuple(qualname))
         fpcache.store(key, found)
     return found if isinstance(found, str) else None
+
+
+@functools.lru_cache(maxsize=256)
+def _content_digest(path: str, size: int, mtime_ns: int, ctime_ns: int, inode: int) -> str:
+    """The sha256 of a file's content, per file identity within this process (see ``fpcache.key``)."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+_trees: dict[str, ast.Module] = {}  #: by content hash: a file parsed once for all its targets
+
+
+def _source_fingerprint_of(digest: str, source: bytes, path: str, qualname: tuple[str, ...]) -> str | None:
+    tree = _trees.get(digest)
+    if tree is None:
+        tree = ast.parse(source.decode("utf-8"), filename=path)
+        if len(_trees) >= 64:
+            _trees.clear()
+        _trees[digest] = tree
+    node = locate(tree, qualname)
+    return None if node is None else node_fingerprint(node)
 
 
 def source_fingerprint(source: str, qualname: Sequence[str]) -> str | None:

@@ -191,9 +191,9 @@ def prepare_all(patch_id: str, actions: tuple[Action, ...], package: str | None)
                 prepared.append(Prepared(action, resolve_reference(action.replacement, package)))
             else:
                 prepared.append(Prepared(action, resolve_reference(action.factory, package)))
-        except (TargetResolutionError, KeyboardInterrupt, SystemExit):
+        except TargetResolutionError:
             raise
-        except BaseException as exc:
+        except Exception as exc:  # an interruption (not an Exception) goes through as it is
             raise PatchInstallError(patch_id, _where(action), exc) from exc
     return prepared
 
@@ -234,8 +234,9 @@ def install_all(patch_id: str, prepared: list[Prepared],
 
     ``done`` (a new list if not given) is filled in place as each step installs, so a caller holding
     it always knows what is installed, even if an exception interrupts this function. Any exception,
-    a ``KeyboardInterrupt`` included, rolls back what was done; ``KeyboardInterrupt`` and
-    ``SystemExit`` are then re-raised as they are. ``TargetResolutionError`` is re-raised as is (the
+    a ``KeyboardInterrupt`` included, rolls back what was done; an interruption (any exception that
+    is not an ``Exception``: ``KeyboardInterrupt``, ``SystemExit``, a signal handler's own
+    ``BaseException``) is then re-raised as it is. ``TargetResolutionError`` is re-raised as is (the
     caller reports it as a missing target) when the rollback was complete; anything else, or a
     rollback that could not undo every step, becomes ``PatchInstallError`` naming the target, with
     ``leftovers`` holding what is still installed (``done`` itself).
@@ -247,7 +248,7 @@ def install_all(patch_id: str, prepared: list[Prepared],
         except BaseException as exc:
             with interrupts.deferred():
                 failures = rollback(done)
-            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            if not isinstance(exc, Exception):  # an interruption (Ctrl-C, sys.exit, a handler's BaseException)
                 raise
             if isinstance(exc, TargetResolutionError) and not failures:
                 raise

@@ -1,4 +1,4 @@
-"""Holding SIGINT and SIGTERM over the engine's short critical sections.
+"""Holding signals over the engine's short critical sections.
 
 A state change of the engine (setting a patch's attributes and recording it, restoring them and
 recording that) must not stop half-way. Two mechanisms make it so:
@@ -9,13 +9,18 @@ recording that) must not stop half-way. Two mechanisms make it so:
   :func:`deferred`, so a second Ctrl-C (or a SIGTERM whose handler raises or calls ``sys.exit``)
   cannot interrupt the code that repairs the first one.
 
-:func:`deferred` replaces the Python-level handlers of SIGINT and SIGTERM with one that only notes
-the signal, and on exit puts the handlers back and raises each noted signal again, so the original
-handler runs right after the section, exactly once per signal. Python runs signal handlers only in
-the main thread, so in any other thread there is nothing to hold and the section costs nothing. A
-handler that is not a Python callable (``SIG_DFL``: the process is killed; ``SIG_IGN``) is left
-alone. ``_signal`` (built in, already loaded by every interpreter) is used rather than ``signal``,
-which would add an import at start-up.
+:func:`deferred` replaces the Python-level handler of *every* signal that has one (a callable:
+SIGINT's default handler, a framework's SIGTERM/SIGHUP/SIGUSR1/SIGQUIT/SIGALRM handler that raises or
+calls ``sys.exit``; see :func:`held_signals`) with one that only notes the signal, and on exit puts
+the handlers back and raises each noted signal again, so the original handler runs right after the
+section, exactly once per signal. Any Python handler may raise, so none is let run in the middle of
+a section. Not held: the synchronous faults (SIGSEGV, SIGBUS, SIGFPE, SIGILL, and SIGABRT, which
+``abort()`` raises from C): the faulting code would run again if the handler returned, so they cannot
+wait. Python runs signal handlers only in the main thread, so in any other thread there is nothing
+to hold and the section costs nothing. A handler that is not a Python callable (``SIG_DFL``: the
+process is killed, which leaves nothing half-done in it; ``SIG_IGN``) is left alone. ``_signal``
+(built in, already loaded by every interpreter) is used rather than ``signal``, which would add an
+import at start-up.
 """
 
 from __future__ import annotations
@@ -25,12 +30,31 @@ import contextlib
 import threading
 from typing import Any, Iterator
 
-#: The signals whose Python handlers are held: Ctrl-C, and the usual "please stop" of job schedulers.
-HELD = (_signal.SIGINT, _signal.SIGTERM)
+#: Synchronous faults: a handler for them cannot wait (the faulting instruction would run again).
+NEVER_HELD = frozenset(getattr(_signal, name) for name in ("SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGABRT")
+                       if hasattr(_signal, name))
+
+
+def held_signals() -> list[tuple[int, Any]]:
+    """Each signal that has a Python handler now (a callable), with that handler, faults excepted:
+    what a critical section holds."""
+    found = []
+    for signum in sorted(_signal.valid_signals()):
+        if signum in NEVER_HELD:
+            continue
+        try:
+            handler = _signal.getsignal(signum)
+        except (OSError, ValueError):  # a signal number the platform lists but cannot query
+            continue
+        if callable(handler):
+            found.append((signum, handler))
+    return found
+
 
 @contextlib.contextmanager
 def deferred() -> Iterator[None]:
-    """Hold SIGINT/SIGTERM (in the main thread) until the block is done, then deliver them."""
+    """Hold every signal with a Python handler (in the main thread) until the block is done, then
+    deliver them."""
     if threading.current_thread() is not threading.main_thread():  # (a forked child has a new main thread)
         yield
         return
@@ -41,11 +65,9 @@ def deferred() -> Iterator[None]:
 
     previous: list[tuple[int, Any]] = []
     try:
-        for signum in HELD:
-            handler = _signal.getsignal(signum)
-            if callable(handler):
-                previous.append((signum, handler))
-                _signal.signal(signum, note)
+        for signum, handler in held_signals():
+            previous.append((signum, handler))
+            _signal.signal(signum, note)
         yield
     finally:
         for signum, handler in reversed(previous):

@@ -22,6 +22,7 @@ LOG_LEVEL = "PATCHKIT_LOG_LEVEL"
 AUTOLOAD = "PATCHKIT_AUTOLOAD"
 EXTRA_PATCHES = "PATCHKIT_EXTRA_PATCHES"
 MANIFEST_DIR = "PATCHKIT_MANIFEST_DIR"
+FINGERPRINT_CACHE = "PATCHKIT_FINGERPRINT_CACHE"
 
 #: Documented in the README; every variable patchkit reads.
 VARIABLES: Mapping[str, str] = {
@@ -35,6 +36,8 @@ VARIABLES: Mapping[str, str] = {
                    "in addition to the catalogue",
     MANIFEST_DIR: "a folder: every autoloaded process writes its manifest there (<host>-<pid>.json), "
                   "at start-up and at exit",
+    FINGERPRINT_CACHE: "1/true/yes/on (the default) or 0/false/no/off: keep upstream fingerprints in "
+                       "~/.cache/patchkit (a malformed value turns the cache off)",
 }
 
 MTP_OUTPUT_HEAD = "PATCHKIT_MTP_OUTPUT_HEAD"
@@ -230,6 +233,19 @@ def strict_requested(environ: Mapping[str, str] | None = None, explicit: bool | 
     env = os.environ if environ is None else environ
     try:
         return parse_bool(STRICT, env.get(STRICT, ""))
+    except ConfigError:
+        return False
+
+
+def fingerprint_cache_enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the on-disk fingerprint cache may be used: ``PATCHKIT_FINGERPRINT_CACHE``, on when unset.
+    A malformed value turns it off: the cache only saves time, and off is the side that trusts nothing."""
+    env = os.environ if environ is None else environ
+    raw = env.get(FINGERPRINT_CACHE, "")
+    if raw == "":
+        return True
+    try:
+        return parse_bool(FINGERPRINT_CACHE, raw)
     except ConfigError:
         return False
 
