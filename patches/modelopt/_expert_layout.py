@@ -8,7 +8,10 @@
 - ``fused``: one layer's experts stacked into vLLM's ``FusedMoE`` parameter names,
   ``<moe>.experts.w13_*`` / ``w2_*`` (see ``_fused_experts``), as Megatron-Bridge 0.6's
   ``export_hf_weights_modelopt`` writes them. For a consumer that copies into those parameters by
-  name; vLLM's model ``load_weights`` does not take these names (its Qwen3-MoE loader skips them).
+  name. vLLM's model ``load_weights`` skips these names without an error (0.24, 0.29, 0.33: no
+  entry of the model's expert mapping matches them), so the experts keep what they held; patchkit's
+  ``refit_weights`` refuses them. :func:`split_fused_experts` turns such a stream into the
+  ``per_expert`` one, byte for byte (docs/qat-export.md, "MoE expert names").
 
 The bytes are the same in both: NVFP4 blocks run along the input dimension, so every row of a
 fused tensor is the same row of its expert's tensor (``tests/export`` checks it).
@@ -61,7 +64,12 @@ def _per_expert_parts(group: str, kind: str, tensor: torch.Tensor) -> Iterator[t
 
 
 def split_fused_experts(stream: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
-    """The stream with every fused expert tensor (``experts.w13_*``/``w2_*``) split into per-expert names."""
+    """The stream with every fused expert tensor (``experts.w13_*``/``w2_*``) split into per-expert names.
+
+    What a fused stream (``expert_layout="fused"``, or Megatron-Bridge 0.6's own
+    ``export_hf_weights_modelopt``) needs before vLLM's ``model.load_weights`` or ``refit_weights``,
+    which take per-expert names only. Lazy: one fused tensor at a time; the parts are views of it.
+    """
     for name, tensor in stream:
         match = _FUSED.match(name)
         if match is None:

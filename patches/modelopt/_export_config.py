@@ -4,7 +4,8 @@ Which modules are excluded is read from the quantizers the trainer actually has 
 weight quantizer is off, or that has none, is excluded), not from the ignore patterns it was asked
 for, so the config agrees with the export — and with the trainer's MTP choice — by construction.
 The two shapes vLLM reads: ``hf_quant_config.json`` (``{"producer", "quantization"}``) and the
-``quantization_config`` entry of ``config.json`` (``quant_method: modelopt``).
+``quantization_config`` entry of ``config.json`` (``quant_method: modelopt``; its exclusions under
+``ignore``, the key vLLM reads there, and ``exclude_modules``).
 """
 
 from __future__ import annotations
@@ -79,5 +80,8 @@ def export_qat_config(model_chunks: nn.Module | Sequence[nn.Module], bridge: Any
     return {
         "hf_quant_config": {"producer": {"name": "modelopt", "version": producer_version},
                             "quantization": dict(quantization)},
-        "quantization_config": {"quant_method": "modelopt", **quantization},
+        # vLLM reads the exclusions of config.json's entry from ``ignore`` (0.24 and 0.29 only from
+        # there: with ``exclude_modules`` alone they quantized the output layer and the routers);
+        # 0.33 reads either. Both are written.
+        "quantization_config": {"quant_method": "modelopt", **quantization, "ignore": list(excluded)},
     }

@@ -382,7 +382,8 @@ def export_qat_weights(
     experts under their per-expert names (``experts.<e>.{gate,up,down}_proj.*``, as ModelOpt's
     checkpoints and vLLM's ``load_weights`` have them); ``"fused"`` stacks each layer's experts into
     vLLM's ``FusedMoE`` parameter names (``experts.w13_*``, ``experts.w2_*``), as Bridge 0.6's own
-    export does. Same bytes either way. Megatron names (no Bridge) are per expert
+    export does; vLLM's ``load_weights`` skips those names without an error (use ``per_expert``, or
+    ``split_fused_experts`` on the fused stream). Same bytes either way. Megatron names (no Bridge) are per expert
     (``local_experts.<e>.linear_fc1``); ``"fused"`` there, or any other value, raises
     :class:`QATExportError`.
     """

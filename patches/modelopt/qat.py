@@ -22,6 +22,7 @@ from ._constants import CPU_BACKEND_NAME
 from ._errors import ModelOptPluginError, QATApplyError, QATCalibrationError, QATConfigError, QATExportError
 
 if TYPE_CHECKING:
+    from ._expert_layout import split_fused_experts
     from ._export_config import export_qat_config
     from ._qat_apply import apply_qat
     from ._qat_calibration import check_weight_calibration, weight_amax
@@ -34,7 +35,7 @@ __all__ = [
     "CPU_BACKEND_NAME", "MODE_ALIASES", "ModelOptPluginError", "QATApplyError", "QATCalibrationError",
     "QATConfigError", "QATExportError", "QATSettings", "SUPPORTED_MODES", "apply_qat", "build_qat_config",
     "check_weight_calibration", "export_implementation", "export_qat_config", "export_qat_weights",
-    "hf_patterns_to_megatron", "qat_settings", "weight_amax",
+    "hf_patterns_to_megatron", "qat_settings", "split_fused_experts", "weight_amax",
 ]
 
 _LAZY = {
@@ -51,6 +52,8 @@ _LAZY = {
     "export_qat_weights": "._qat_export",
     "export_implementation": "._qat_export",
     "export_qat_config": "._export_config",
+    # torch only: a fused-layout stream (or Bridge 0.6's own export) renamed per expert for vLLM's load_weights
+    "split_fused_experts": "._expert_layout",
 }
 
 

@@ -112,3 +112,5 @@ def test_quant_config_excludes_exactly_the_unquantized_linears(megatron_cpu, cpu
     assert not any("self_attention.linear_qkv" in n and not n.startswith("mtp.") for n in excluded)
     assert config["quantization_config"]["quant_method"] == "modelopt"
     assert config["quantization_config"]["exclude_modules"] == excluded
+    # the key vLLM reads in config.json's entry (0.24 and 0.29 read no other)
+    assert config["quantization_config"]["ignore"] == excluded
