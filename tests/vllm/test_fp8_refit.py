@@ -1,0 +1,115 @@
+"""FP8 linear and fused-MoE layers (per-tensor and block-wise) refitted through patchkit, on real vLLM.
+
+The layers are vLLM's, with ``Fp8Config``: ``create_weights``, the weight loaders and
+``process_weights_after_loading`` are upstream's (on CPU through the harness's ``cpu_fp8_ops``, which
+stands in for two compiled ops and lists the generic block kernel; see ``vllm_cpu_harness``). The
+proof for every case is vLLM's own first load of the same checkpoint into a fresh model: after each
+refit, every kernel tensor equals that model's bit for bit, and sits at the address it had before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from fp8_helpers import Fp8Linears, Fp8Moe, items, linear_checkpoint, moe_checkpoint
+from nvfp4_helpers import assert_same_kernel_state, bits, dummy_started, kernel_state, process_weights_after_loading
+from patchkit.patches.vllm.refit import RefitError, refit, refit_weights
+
+KINDS = {
+    "linear": (Fp8Linears, linear_checkpoint),
+    "moe": (Fp8Moe, moe_checkpoint),
+}
+CASES = [pytest.param(kind, block, id=f"{kind}-{'block' if block else 'per-tensor'}")
+         for kind in KINDS for block in (False, True)]
+
+
+def first_load(kind: str, block: bool, checkpoint: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """vLLM's own first load: a fresh model, its loaders, its processing."""
+    model = KINDS[kind][0](block)
+    model.load_weights(items(checkpoint))
+    process_weights_after_loading(model)
+    return model
+
+
+def started(kind: str, block: bool, start: str, vllm_config: object) -> torch.nn.Module:
+    if start == "dummy":
+        return dummy_started(KINDS[kind][0](block), vllm_config)
+    return first_load(kind, block, KINDS[kind][1](block, seed=100))
+
+
+def assert_same_as_first_load(model: torch.nn.Module, reference: torch.nn.Module) -> None:
+    ours = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    theirs = {**dict(reference.named_parameters()), **dict(reference.named_buffers())}
+    assert ours.keys() == theirs.keys()
+    for name, tensor in theirs.items():
+        assert (ours[name].shape, ours[name].dtype) == (tensor.shape, tensor.dtype), name
+        assert torch.equal(bits(ours[name]), bits(tensor)), name
+
+
+@pytest.mark.parametrize(("kind", "block"), CASES)
+@pytest.mark.parametrize("start", ["load", "dummy"])
+def test_refits_equal_vllms_first_load_in_the_same_kernel_tensors(
+    fp8_refit_patch: None, vllm_config: object, kind: str, block: bool, start: str
+) -> None:
+    model = started(kind, block, start, vllm_config)
+    ptrs = {name: ptr for name, (ptr, _) in kernel_state(model).items()}
+    checkpoints = [KINDS[kind][1](block, seed=seed) for seed in (1, 2)]
+    for step in range(4):
+        checkpoint = checkpoints[step % 2]
+        if step % 2:
+            refit_weights(model, items(checkpoint))
+        else:
+            with refit(model):
+                model.load_weights(items(checkpoint))
+        assert_same_as_first_load(model, first_load(kind, block, checkpoint))
+        assert {name: ptr for name, (ptr, _) in kernel_state(model).items()} == ptrs
+
+
+def _wrong_shape(checkpoint: dict[str, torch.Tensor]) -> str:
+    name = next(n for n in reversed(checkpoint) if n.endswith(".weight"))
+    checkpoint[name] = checkpoint[name][:, : checkpoint[name].shape[1] // 2].contiguous()
+    return name
+
+
+def _wrong_dtype(checkpoint: dict[str, torch.Tensor]) -> str:
+    name = next(n for n in reversed(checkpoint) if n.endswith(".weight"))
+    checkpoint[name] = checkpoint[name].to(torch.bfloat16)
+    return name
+
+
+def _missing_scale(checkpoint: dict[str, torch.Tensor]) -> str:
+    name = next(n for n in reversed(checkpoint) if "scale" in n and "input" not in n)
+    del checkpoint[name]
+    return name
+
+
+@pytest.mark.parametrize(("kind", "block"), CASES)
+@pytest.mark.parametrize("spoil", [_wrong_shape, _wrong_dtype, _missing_scale],
+                         ids=["wrong-shape", "wrong-dtype", "missing-scale"])
+@pytest.mark.parametrize("start", ["load", "dummy"])
+def test_a_bad_tensor_changes_nothing(
+    fp8_refit_patch: None, vllm_config: object, kind: str, block: bool, start: str,
+    spoil: Callable[[dict[str, torch.Tensor]], str],
+) -> None:
+    model = started(kind, block, start, vllm_config)
+    before = kernel_state(model)
+    bad = KINDS[kind][1](block, seed=3)
+    spoil(bad)
+    with pytest.raises(RefitError) as caught:
+        refit_weights(model, items(bad))
+    assert caught.value.parameter is not None
+    assert_same_kernel_state(model, before)
+    # and the next good refit still works
+    good = KINDS[kind][1](block, seed=4)
+    refit_weights(model, items(good))
+    assert_same_as_first_load(model, first_load(kind, block, good))
+
+
+def test_a_layer_processed_before_the_patch_is_refused_by_name(cpu_fp8_ops: None, nvfp4_refit_patch: None) -> None:
+    model = first_load("linear", False, linear_checkpoint(False, seed=1))
+    before = kernel_state(model)
+    with pytest.raises(RefitError, match=r"'gate_up'.*processed before patchkit recorded it.*vllm\.fp8_refit"):
+        refit_weights(model, items(linear_checkpoint(False, seed=2)))
+    assert_same_kernel_state(model, before)
