@@ -113,3 +113,68 @@ def test_a_layer_processed_before_the_patch_is_refused_by_name(cpu_fp8_ops: None
     with pytest.raises(RefitError, match=r"'gate_up'.*processed before patchkit recorded it.*vllm\.fp8_refit"):
         refit_weights(model, items(linear_checkpoint(False, seed=2)))
     assert_same_kernel_state(model, before)
+
+
+# --- vLLM's own layerwise reload (reload_weights, vLLM #32133): why FP8 is not declared native ---
+
+
+def _natively_loaded(kind: str, block: bool) -> torch.nn.Module:
+    from vllm.model_executor.model_loader import reload
+
+    model = KINDS[kind][0](block)
+    reload.record_metadata_for_reloading(model)  # vLLM's initialize_model does this at build time
+    model.load_weights(items(KINDS[kind][1](block, seed=1)))
+    process_weights_after_loading(model)
+    return model
+
+
+def _native_reload(model: torch.nn.Module, checkpoint: dict[str, torch.Tensor], vllm_config: object) -> None:
+    from vllm.model_executor.model_loader import reload
+
+    reload.initialize_layerwise_reload(model)
+    model.load_weights(items(checkpoint))
+    reload.finalize_layerwise_reload(model, vllm_config.model_config)
+
+
+@pytest.mark.parametrize("block", [False, True], ids=["per-tensor", "block"])
+def test_native_reload_serves_good_fp8_linear_weights_in_the_same_tensors(
+    cpu_fp8_ops: None, vllm_config: object, block: bool
+) -> None:
+    """Upstream does the good path: a reload equals a first load, at the same addresses."""
+    model = _natively_loaded("linear", block)
+    ptrs = {name: ptr for name, (ptr, _) in kernel_state(model).items()}
+    checkpoint = linear_checkpoint(block, seed=2)
+    _native_reload(model, checkpoint, vllm_config)
+    assert_same_as_first_load(model, first_load("linear", block, checkpoint))
+    assert {name: ptr for name, (ptr, _) in kernel_state(model).items()} == ptrs
+
+
+@pytest.mark.parametrize("block", [False, True], ids=["per-tensor", "block"])
+def test_native_reload_with_a_wrong_shape_leaves_the_fp8_linear_layer_on_meta(
+    cpu_fp8_ops: None, vllm_config: object, block: bool
+) -> None:
+    model = _natively_loaded("linear", block)
+    bad = linear_checkpoint(block, seed=2)
+    _wrong_shape(bad)
+    with pytest.raises(RuntimeError) as caught:
+        _native_reload(model, bad, vllm_config)
+    assert "down" not in str(caught.value)  # names no layer or parameter
+    assert all(p.is_meta for p in model.down.parameters())  # the kernel tensors are gone
+
+
+def test_native_reload_takes_a_wrong_shape_fp8_moe_tensor_without_an_error(
+    cpu_fp8_ops: None, vllm_config: object
+) -> None:
+    """Block-wise MoE: a down_proj weight of half the width is reloaded and no error is raised."""
+    model = _natively_loaded("moe", True)
+    bad = moe_checkpoint(True, seed=2)
+    _wrong_shape(bad)
+    _native_reload(model, bad, vllm_config)
+    assert not any(p.is_meta for p in model.parameters())
+
+
+def test_native_reload_of_good_per_tensor_fp8_moe_weights_fails(cpu_fp8_ops: None, vllm_config: object) -> None:
+    """0.24: ValueError from the MoE loader ("quant method must be one of ..."); 0.33: IndexError."""
+    model = _natively_loaded("moe", False)
+    with pytest.raises((IndexError, ValueError)):
+        _native_reload(model, moe_checkpoint(False, seed=2), vllm_config)

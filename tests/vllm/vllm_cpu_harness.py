@@ -107,9 +107,9 @@ def _convert_weight_packed(weight: torch.Tensor) -> torch.Tensor:
 def cpu_fp8_ops() -> Iterator[None]:
     """vLLM's FP8 processing on CPU: the ``_C`` stand-ins and the block-kernel listing (module docstring)."""
     from vllm.model_executor.kernels import linear
+    from vllm.model_executor.kernels.linear.scaled_mm.triton import TritonFp8BlockScaledMMKernel
     from vllm.model_executor.layers.fused_moe.experts.triton_moe import TritonExperts
     from vllm.model_executor.layers.quantization.utils import quant_utils
-    from vllm.model_executor.kernels.linear.scaled_mm.triton import TritonFp8BlockScaledMMKernel
     from vllm.platforms import current_platform
 
     library = torch.library.Library("_C", "FRAGMENT")
