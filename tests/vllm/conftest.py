@@ -68,8 +68,9 @@ def nvfp4_refit_patch(cpu_nvfp4_kernels: None) -> Iterator[None]:
         yield
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def cpu_fp8_ops(vllm_config: object) -> Iterator[None]:
+    """Per test: its kernel redirects (Triton experts on CPU) must not reach the NVFP4 MoE tests' oracle."""
     with vllm_cpu_harness.cpu_fp8_ops():
         yield
 
