@@ -81,7 +81,7 @@ def prepare(model: torch.nn.Module) -> None:
 def _prepare(model: torch.nn.Module) -> None:
     layers = list(_recorded_layers(model))
     kv_layers = list(_kv_scale_layers(model))
-    _refuse_unrecorded_nvfp4_layers(model)
+    _refuse_unrecorded_quantized_layers(model)
     if (
         _refit_plain.is_prepared(model)
         or _WRITES_ATTR in model.__dict__
@@ -461,19 +461,19 @@ def _kv_scale_layers(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Mod
             yield name, module
 
 
-def _refuse_unrecorded_nvfp4_layers(model: torch.nn.Module) -> None:
-    from ._nvfp4_targets import nvfp4_method_classes
+def _refuse_unrecorded_quantized_layers(model: torch.nn.Module) -> None:
+    from ._refit_targets import recording_patch
 
-    classes = nvfp4_method_classes()
     for name, module in model.named_modules():
         method = getattr(module, "quant_method", None)
-        if isinstance(method, classes) and STATE_ATTR not in module.__dict__:
-            raise RefitError(
-                f"layer {name!r} ({type(method).__name__}) was processed before patchkit recorded"
-                " it; apply patchkit (patchkit.apply_all(), or the vLLM plugin) before the model"
-                " is loaded",
-                layer=name,
-            )
+        if STATE_ATTR in module.__dict__ or (patch_id := recording_patch(method)) is None:
+            continue
+        raise RefitError(
+            f"layer {name!r} ({type(method).__name__}) was processed before patchkit recorded"
+            f" it; apply patchkit (patch {patch_id!r}: patchkit.apply_all(), or the vLLM plugin)"
+            " before the model is loaded",
+            layer=name,
+        )
 
 
 def _drop_kv_scale_params(layer: torch.nn.Module) -> None:

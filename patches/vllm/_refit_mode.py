@@ -1,4 +1,4 @@
-"""Which refit backend this process uses, read from the engine's status of ``vllm.nvfp4_refit``."""
+"""Which refit backend this process uses, read from the engine's status of the refit patches."""
 
 from __future__ import annotations
 
@@ -6,12 +6,19 @@ import patchkit
 
 from .refit import PATCH_ID, RefitError
 
+#: the patches that record layers for ``refit``: NVFP4 (the backend's own id) and FP8
+RECORDING_PATCHES = (PATCH_ID, "vllm.fp8_refit")
+
 
 def current_mode() -> str:
-    """``"patchkit"`` when the patch is installed; otherwise a RefitError saying why not."""
-    (record,) = patchkit.status(PATCH_ID)
-    if record.state.installed:
+    """``"patchkit"`` when a refit patch is installed; otherwise a RefitError saying why not.
+
+    A layer whose own format's patch is off is refused by name when a refit starts.
+    """
+    records = patchkit.status(*RECORDING_PATCHES)
+    if any(record.state.installed for record in records):
         return "patchkit"
+    record = next(record for record in records if record.id == PATCH_ID)
     why = f"{record.state.value}" + (f", {record.reason.value}" if record.reason else "")
     raise RefitError(
         f"refit is unavailable: patch {PATCH_ID!r} is {why}"

@@ -68,6 +68,24 @@ def nvfp4_refit_patch(cpu_nvfp4_kernels: None) -> Iterator[None]:
         yield
 
 
+@pytest.fixture
+def cpu_fp8_ops(vllm_config: object) -> Iterator[None]:
+    """Per test: its kernel redirects (Triton experts on CPU) must not reach the NVFP4 MoE tests' oracle."""
+    with vllm_cpu_harness.cpu_fp8_ops():
+        yield
+
+
+@pytest.fixture
+def fp8_refit_patch(cpu_fp8_ops: None) -> Iterator[None]:
+    """``vllm.fp8_refit`` applied for the test, reverted after."""
+    import patchkit
+
+    with patchkit.applied("vllm.fp8_refit") as records:
+        (record,) = records
+        assert record.state.installed, record.to_dict()
+        yield
+
+
 @pytest.fixture(autouse=True)
 def sigint_raises() -> Iterator[None]:
     """Python's own SIGINT handler for every test, even where the test process started with SIGINT

@@ -98,5 +98,28 @@ def test_the_command_verifies_every_vllm_patch_in_a_fresh_process_without_the_te
     # finds no backend and the MoE check says it cannot run here (in-process, with the harness, it runs).
     moe = verdicts.pop("vllm.moe_expert_weight_loaders")[0]
     assert moe in (VERIFIED, "needs_gpu"), moe
+    # The same for its FP8 kernel table (the FP8 linear layer cannot be built there).
+    fp8 = verdicts.pop(FP8)
+    assert fp8[0] in (VERIFIED, "needs_gpu"), fp8
     assert {k: v[0] for k, v in verdicts.items()} == expected, verdicts
     assert done.returncode == 0
+
+
+# --- vllm.fp8_refit ---
+
+FP8 = "vllm.fp8_refit"
+
+
+def test_fp8_refit_check_is_verified():
+    with patchkit.applied(FP8):
+        (verdict,) = run([FP8], device="cpu")[0]
+    assert verdict.verdict == VERIFIED, verdict.message
+
+
+@pytest.mark.breaks("vllm.fp8_refit")
+def test_fp8_refit_check_fails_with_upstreams_layer_methods():
+    with patchkit.applied(FP8), upstream_behaviour(FP8):
+        (verdict,) = run([FP8], device="cpu")[0]
+    assert verdict.verdict == FAILED
+    assert "refit with a second checkpoint of vLLM's FP8 linear layers: expected the layers take the new " \
+        "weights, found RefitError" in verdict.message, verdict.message

@@ -21,6 +21,17 @@ Harness redirects (test-only, nothing else of vLLM is replaced):
   the CUDA op ``gptq_marlin_repack`` is replaced by a reshape to the shape Marlin returns. This
   builds and processes W4A16 (Marlin) layers on CPU through vLLM's own code; the repacked weight is
   a stand-in layout, not Marlin's, and no Marlin forward runs (tests read tensors, not outputs).
+- ``cpu_fp8_ops`` only (FP8 refit tests): vLLM's compiled ``_C`` op ``static_scaled_fp8_quant``,
+  absent from its PyPI wheel on CPU, is registered in torch (``_cpu_stand_in.cpu_fp8_quant``, shared
+  with the self-check: per-tensor ``x / scale`` clamped to +-448, cast to E4M3; processing requantises
+  per-tensor weights with it), and so is ``convert_weight_packed`` (a copy in place of the CPU MoE
+  backend's VNNI prepack: a stand-in layout). ``TritonFp8BlockScaledMMKernel`` is listed for the CPU
+  platform and reports itself supported, so a block-wise linear layer is processed by vLLM's generic
+  block path (what CUDA runs); ``TritonExperts`` accepts the CPU device and the FP8 schemes it lists for
+  devices with FP8, so the oracle picks it for per-tensor FP8 MoE (block-wise MoE gets vLLM's CPU
+  backend, first on CPU). No Triton or CPU-kernel forward runs: those tests read kernel tensors. Both
+  sides of every comparison, patchkit's refit and vLLM's own first load, go through the same
+  stand-ins; all are removed on exit.
 """
 
 from __future__ import annotations
@@ -88,5 +99,57 @@ def vllm_cpu_config(model_dir: Path) -> Iterator[object]:
         yield config
 
 
+def _convert_weight_packed(weight: torch.Tensor) -> torch.Tensor:
+    return weight.clone()
+
+
+@contextlib.contextmanager
+def cpu_fp8_ops() -> Iterator[None]:
+    """vLLM's FP8 processing on CPU: the ``_C`` stand-ins and the block-kernel listing (module docstring)."""
+    from vllm.model_executor.kernels import linear
+    from vllm.model_executor.kernels.linear.scaled_mm.triton import TritonFp8BlockScaledMMKernel
+    from vllm.model_executor.layers.fused_moe.experts.triton_moe import TritonExperts
+    from vllm.model_executor.layers.quantization.utils import quant_utils
+    from vllm.platforms import current_platform
+
+    library = torch.library.Library("_C", "FRAGMENT")
+    added = []
+    if not hasattr(torch.ops._C, "convert_weight_packed"):
+        library.define("convert_weight_packed(Tensor weight) -> Tensor")
+        library.impl("convert_weight_packed", _convert_weight_packed, "CompositeExplicitAutograd")
+        added.append("convert_weight_packed")
+    platform = current_platform._enum
+    kernels = linear._POSSIBLE_FP8_BLOCK_KERNELS
+    had_platform, previous = platform in kernels, kernels.get(platform)
+    kernels[platform] = [TritonFp8BlockScaledMMKernel]
+    supported = TritonFp8BlockScaledMMKernel.__dict__["is_supported"]
+    TritonFp8BlockScaledMMKernel.is_supported = classmethod(lambda cls, compute_capability=None: (True, None))
+    on_device = TritonExperts.__dict__["_supports_current_device"]
+    schemes = TritonExperts.__dict__["_supports_quant_scheme"]
+    TritonExperts._supports_current_device = staticmethod(lambda: True)
+    # Upstream's list for a device with FP8 (CPU reports none): the three FP8 schemes Fp8MoEMethod asks for.
+    fp8_schemes = {(quant_utils.kFp8StaticTensorSym, quant_utils.kFp8StaticTensorSym),
+                   (quant_utils.kFp8StaticTensorSym, quant_utils.kFp8DynamicTensorSym),
+                   (quant_utils.kFp8Static128BlockSym, quant_utils.kFp8Dynamic128Sym)}
+    TritonExperts._supports_quant_scheme = staticmethod(
+        lambda weight_key, activation_key: (weight_key, activation_key) in fp8_schemes
+        or schemes.__func__(weight_key, activation_key)
+    )
+    try:
+        with cpu_fp8_quant():
+            yield
+    finally:
+        TritonExperts._supports_quant_scheme = schemes
+        TritonExperts._supports_current_device = on_device
+        TritonFp8BlockScaledMMKernel.is_supported = supported
+        if had_platform:
+            kernels[platform] = previous
+        else:
+            del kernels[platform]
+        library._destroy()
+        for name in added:  # torch.ops caches resolved overload packets
+            torch.ops._C.__dict__.pop(name, None)
+
+
 # The NVFP4 emulation and Marlin-layout redirects are shipped (the vLLM self-checks use them): one copy.
-from patchkit.patches.vllm._checks._cpu_stand_in import cpu_marlin_layout, cpu_nvfp4_kernels  # noqa: E402,F401
+from patchkit.patches.vllm._checks._cpu_stand_in import cpu_fp8_quant, cpu_marlin_layout, cpu_nvfp4_kernels  # noqa: E402,F401

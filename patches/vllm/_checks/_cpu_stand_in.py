@@ -9,6 +9,10 @@ Redirects, each reverted on exit, nothing else of vLLM replaced:
 - ``Nvfp4QuantizationEmulationTritonExperts._supports_current_device`` answers True, so the NVFP4 MoE
   oracle selects its emulation backend and MoE layers can be built and processed on CPU.
 
+- :func:`cpu_fp8_quant` (CPU only, where vLLM's compiled ``_C`` library lacks it, as in its PyPI
+  wheel): ``torch.ops._C.static_scaled_fp8_quant`` registered, written in torch (per-tensor only:
+  ``x / scale`` clamped to +-448 and cast to the output's FP8 type). vLLM's FP8 processing requantises
+  every per-tensor weight with it (``requantize_with_max_scale``); removed on exit.
 - :func:`cpu_platform`: vLLM's CPU platform where none was resolved (vLLM 0.24's PyPI wheel).
 - :func:`cpu_marlin_layout` only (W4A16 checks): ``MarlinNvFp4LinearKernel.is_supported`` answers True
   and the CUDA op ``gptq_marlin_repack`` is replaced by a reshape to the shape Marlin returns, so
@@ -24,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import socket
 from collections.abc import Iterator
+from typing import Any
 
 
 def free_port() -> int:
@@ -63,6 +68,7 @@ def vllm_context(device: str) -> Iterator[None]:
             stack.enter_context(vllm_config("gloo" if device == "cpu" else "nccl"))
         if device == "cpu":
             stack.enter_context(cpu_nvfp4_kernels())
+            stack.enter_context(cpu_fp8_quant())
         yield
 
 
@@ -128,6 +134,32 @@ def cpu_nvfp4_kernels() -> Iterator[None]:
             del EmulationExperts._supports_current_device
         else:
             EmulationExperts._supports_current_device = saved_device_check
+
+
+_FP8_E4M3_MAX = 448.0
+
+
+def _static_scaled_fp8_quant(result: Any, input: Any, scale: Any, group_shape: list[int] | None = None) -> None:
+    if scale.numel() != 1:
+        raise NotImplementedError("patchkit's CPU stand-in of static_scaled_fp8_quant is per-tensor only")
+    result.copy_((input.float() / scale.float()).clamp(-_FP8_E4M3_MAX, _FP8_E4M3_MAX).to(result.dtype))
+
+
+@contextlib.contextmanager
+def cpu_fp8_quant() -> Iterator[None]:
+    """``torch.ops._C.static_scaled_fp8_quant`` in torch where vLLM's build lacks it (module docstring)."""
+    import torch
+
+    with contextlib.ExitStack() as stack:
+        if not hasattr(torch.ops._C, "static_scaled_fp8_quant"):
+            library = torch.library.Library("_C", "FRAGMENT")
+            library.define("static_scaled_fp8_quant(Tensor(a!) result, Tensor input, Tensor scale,"
+                           " int[]? group_shape=None) -> ()")
+            library.impl("static_scaled_fp8_quant", _static_scaled_fp8_quant, "CompositeExplicitAutograd")
+            # torch.ops caches the resolved packet: drop it with the library
+            stack.callback(torch.ops._C.__dict__.pop, "static_scaled_fp8_quant", None)
+            stack.callback(library._destroy)
+        yield
 
 
 @contextlib.contextmanager
