@@ -48,6 +48,8 @@ AWAITING_CONFORMANCE: dict[tuple[str, str], str] = {
     ("implementation_below_api", "vllm._refit_session"): "imports vllm.refit; being edited on the refit branches",
     ("declaration_only_declares", "vllm.nvfp4_refit"): "defines _record() (a Wrap pair per method class); the "
                                                         "FP8 refit branch adds declarations beside it",
+    ("declaration_only_declares", "vllm.fp8_refit"): "defines _record() like vllm.nvfp4_refit: both move their "
+                                                      "Wrap pairs together",
 }
 
 
