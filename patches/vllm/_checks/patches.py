@@ -285,7 +285,7 @@ def check_fp8_refit(context: CheckContext) -> None:
     that checkpoint (read without vLLM), in the same tensor objects and storage."""
     from ._cpu_stand_in import vllm_context
     from ._fp8_checkpoint import Fp8TwoLinears, checkpoint, mismatches
-    from .refit import refit
+    from ..refit import refit
 
     first, second = checkpoint(seed=1), checkpoint(seed=2)
     with vllm_context(context.device):
