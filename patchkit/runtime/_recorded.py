@@ -451,6 +451,28 @@ RECORDS = {
             )),
         ),
     },
+    'vllm.fp8_refit': {
+        'fp8-linear-moe': (
+            ((('vllm', '0.24.0'),), 'verified', (
+                ('vllm.model_executor.layers.quantization.fp8:Fp8LinearMethod.create_weights', 'b64a1467ec7f6004'),
+                ('vllm.model_executor.layers.quantization.fp8:Fp8LinearMethod.process_weights_after_loading', '9b376cec287050b2'),
+                ('vllm.model_executor.layers.quantization.fp8:Fp8MoEMethod.create_weights', 'f8717e2fb4576b25'),
+                ('vllm.model_executor.layers.quantization.fp8:Fp8MoEMethod.process_weights_after_loading', 'bc002f85ab778379'),
+            )),
+            ((('vllm', '0.29.0'),), 'verified', (
+                ('vllm.model_executor.layers.quantization.fp8:Fp8LinearMethod.create_weights', '43c72edff2548985'),
+                ('vllm.model_executor.layers.quantization.fp8:Fp8LinearMethod.process_weights_after_loading', '508ab112271ebe76'),
+                ('vllm.model_executor.layers.quantization.fp8:Fp8MoEMethod.create_weights', 'd842c9f709284689'),
+                ('vllm.model_executor.layers.quantization.fp8:Fp8MoEMethod.process_weights_after_loading', 'b5381668bce296bc'),
+            )),
+            ((('vllm', '0.33.0'),), 'verified', (
+                ('vllm.model_executor.layers.quantization.fp8:Fp8LinearMethod.create_weights', '43c72edff2548985'),
+                ('vllm.model_executor.layers.quantization.fp8:Fp8LinearMethod.process_weights_after_loading', 'f7b4887ef7407d47'),
+                ('vllm.model_executor.layers.quantization.fp8:Fp8MoEMethod.create_weights', '6e2c90bc707bd138'),
+                ('vllm.model_executor.layers.quantization.fp8:Fp8MoEMethod.process_weights_after_loading', 'ccffdbea8c450dbd'),
+            )),
+        ),
+    },
     'vllm.moe_expert_weight_loaders': {
         'vllm>=0.24,<0.34': (
             ((('vllm', '0.24.0'),), 'native', (
