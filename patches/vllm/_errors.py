@@ -38,3 +38,18 @@ class RefitInProgressError(RefitError):
 
     Raised at once, before anything is changed: the refit in progress carries on undisturbed.
     """
+
+
+class UnsupportedQuantizationError(RefitError):
+    """A layer's quantization method is not one patchkit can refit (compressed-tensors, MXFP4, AWQ,
+    GPTQ, online FP8...): vLLM's loaders would write checkpoint tensors into its processed kernel
+    tensors. Raised before anything is changed.
+
+    ``method`` names the layer's quant method class (and, for compressed-tensors, its scheme);
+    ``supported`` says what a refit can take.
+    """
+
+    def __init__(self, message: str, *, layer: str, method: str, supported: str) -> None:
+        super().__init__(message, layer=layer, expected=supported, got=method)
+        self.method = method
+        self.supported = supported

@@ -60,7 +60,7 @@ from ._refit_state import (
     restore_method_state,
     shape_text,
 )
-from .refit import RefitError, RefitInProgressError
+from .refit import RefitError, RefitInProgressError, UnsupportedQuantizationError
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ def prepare(model: torch.nn.Module) -> None:
 def _prepare(model: torch.nn.Module) -> None:
     layers = list(_recorded_layers(model))
     kv_layers = list(_kv_scale_layers(model))
-    _refuse_unrecorded_quantized_layers(model)
+    _refuse_unrefittable_layers(model)
     if (
         _refit_plain.is_prepared(model)
         or _WRITES_ATTR in model.__dict__
@@ -461,18 +461,31 @@ def _kv_scale_layers(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Mod
             yield name, module
 
 
-def _refuse_unrecorded_quantized_layers(model: torch.nn.Module) -> None:
-    from ._refit_targets import recording_patch
+def _refuse_unrefittable_layers(model: torch.nn.Module) -> None:
+    """Refuse, before any write, a layer whose quant method patchkit cannot refit (``_refit_targets``):
+    one of a recorded format that its patch did not record, or one of any other quantization."""
+    from ._refit_targets import SUPPORTED, describe_method, loads_in_place, recording_patch
 
     for name, module in model.named_modules():
         method = getattr(module, "quant_method", None)
-        if STATE_ATTR in module.__dict__ or (patch_id := recording_patch(method)) is None:
+        if STATE_ATTR in module.__dict__ or loads_in_place(method):
             continue
-        raise RefitError(
-            f"layer {name!r} ({type(method).__name__}) was processed before patchkit recorded"
-            f" it; apply patchkit (patch {patch_id!r}: patchkit.apply_all(), or the vLLM plugin)"
-            " before the model is loaded",
+        described = describe_method(module, method)
+        patch_id = recording_patch(method)
+        if patch_id is not None:
+            raise RefitError(
+                f"layer {name!r} ({described}) was processed before patchkit recorded"
+                f" it; apply patchkit (patch {patch_id!r}: patchkit.apply_all(), or the vLLM plugin)"
+                " before the model is loaded",
+                layer=name,
+            )
+        raise UnsupportedQuantizationError(
+            f"layer {name!r} uses {described}, which patchkit cannot refit (its processed kernel"
+            f" tensors would be overwritten with checkpoint tensors); a refit supports {SUPPORTED}."
+            " Nothing was changed",
             layer=name,
+            method=described,
+            supported=SUPPORTED,
         )
 
 

@@ -1,9 +1,19 @@
-"""The quantised layers a refit must have recorded, by format: a layer of one of these methods that
-was processed before its patch recorded it cannot be refitted, and the refit refuses it by name.
+"""Which layers a refit can take, by quant method: an allow-list, checked before anything is written.
 
-ModelOpt NVFP4 (``vllm.nvfp4_refit``) matches subclasses too; FP8 (``vllm.fp8_refit``) matches
-``Fp8LinearMethod``/``Fp8MoEMethod`` exactly: their online subclasses (a bf16 checkpoint quantised
-at load) run their own methods, which neither patch records or covers.
+- No quant method, vLLM's unquantized linear/embedding/fused-MoE methods (subclasses too, such as the
+  MoE router's gate method: they keep the checkpoint layout) and KV-cache methods (their scales are
+  refitted by ``_refit_impl``): loaded in place.
+- ModelOpt NVFP4 (``vllm.nvfp4_refit``, subclasses too) and FP8 (``vllm.fp8_refit``,
+  ``Fp8LinearMethod``/``Fp8MoEMethod`` exactly): refitted once their patch has recorded the layer; a
+  layer of one of these that was processed before its patch recorded it is refused by name, naming
+  the patch.
+- Anything else (compressed-tensors, whose scheme hangs off ``layer.scheme``; MXFP4; AWQ/GPTQ; online
+  FP8, a bf16 checkpoint quantised at load, whose classes subclass neither FP8 method): refused.
+  Their processing turns checkpoint tensors into kernel tensors patchkit has not recorded, so vLLM's
+  loaders would write raw checkpoint values into them and the model would serve garbage.
+
+A fused-MoE layer whose method vLLM wrapped in ``FusedMoEModularMethod`` is judged by the method it
+wraps (``old_quant_method``).
 """
 
 from __future__ import annotations
@@ -17,6 +27,12 @@ from ._nvfp4_targets import nvfp4_method_classes
 
 _FP8_NAMES = ("Fp8LinearMethod", "Fp8MoEMethod")
 
+#: What a refit takes, for error messages.
+SUPPORTED = (
+    "unquantized layers, KV-cache scales, ModelOpt NVFP4 layers (vllm.nvfp4_refit) and FP8-serialised"
+    " Fp8LinearMethod/Fp8MoEMethod layers (vllm.fp8_refit)"
+)
+
 
 @functools.cache
 def fp8_method_classes() -> tuple[type, ...]:
@@ -26,6 +42,7 @@ def fp8_method_classes() -> tuple[type, ...]:
 def recording_patch(method: Any) -> str | None:
     """The patch that must record a layer with quant method ``method`` before it can be refitted
     (``None``: a layer the refit loads in place, or does not cover)."""
+    method = wrapped_method(method)
     if type(method) in fp8_method_classes():
         return "vllm.fp8_refit"
     if isinstance(method, _nvfp4_classes()):
@@ -33,6 +50,38 @@ def recording_patch(method: Any) -> str | None:
     return None
 
 
+def loads_in_place(method: Any) -> bool:
+    """Whether a layer with quant method ``method`` keeps checkpoint-layout tensors vLLM's loaders can
+    write again (or, for KV-cache methods, scales ``_refit_impl`` refits itself)."""
+    method = wrapped_method(method)
+    return method is None or isinstance(method, _in_place_classes())
+
+
+def wrapped_method(method: Any) -> Any:
+    """The method vLLM's ``FusedMoEModularMethod`` wraps, else ``method`` itself."""
+    return getattr(method, "old_quant_method", None) or method
+
+
+def describe_method(layer: Any, method: Any) -> str:
+    """The layer's method class, with the compressed-tensors scheme it delegates to (``layer.scheme``)."""
+    method = wrapped_method(method)
+    text = type(method).__name__
+    scheme = getattr(layer, "scheme", None)
+    if scheme is not None:
+        text += f" (scheme {type(scheme).__name__})"
+    return text
+
+
 @functools.cache
 def _nvfp4_classes() -> tuple[type, ...]:
     return nvfp4_method_classes()
+
+
+@functools.cache
+def _in_place_classes() -> tuple[type, ...]:
+    from vllm.model_executor.layers.fused_moe import UnquantizedFusedMoEMethod
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+    from vllm.model_executor.layers.quantization.kv_cache import BaseKVCacheMethod
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    return (UnquantizedLinearMethod, UnquantizedEmbeddingMethod, UnquantizedFusedMoEMethod, BaseKVCacheMethod)

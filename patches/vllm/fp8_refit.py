@@ -23,7 +23,8 @@ in the three):
 
 Online FP8 (a bf16 checkpoint quantised at load: ``Fp8OnlineMoEMethod``, ``Fp8PerTensorOnlineLinearMethod``)
 is not covered: a refit of it would push bf16 weights, and those layers are subclasses that do not
-run these methods, so they are not recorded (and not refused).
+run these methods, so they are not recorded; a refit refuses them before any write
+(``_refit_targets``: ``UnsupportedQuantizationError``).
 
 No range is declared ``native``: vLLM's layerwise reload (``reload_weights``, vLLM #32133; present
 in 0.29 and 0.33) reloads FP8 layers, but it is not all-or-nothing on bad input

@@ -21,7 +21,10 @@ scales (``k_scale``/``v_scale``/``q_scale``/``prob_scale``) may be part of the s
 are absent the scales in use are kept. No vLLM range is declared ``native`` yet (see
 ``nvfp4_refit.py``); a version reported native would get its backend here, behind the same calls.
 
-Errors are :class:`RefitError` and leave every layer serving the weights it served before.
+Errors are :class:`RefitError` and leave every layer serving the weights it served before. A model
+with a layer of a quantization method patchkit cannot refit (anything but unquantized layers, KV-cache
+scales and the recorded ModelOpt NVFP4 and FP8 methods) is refused whole, before any write, with
+:class:`UnsupportedQuantizationError` naming the layer and its method.
 Each call claims the model: a second thread refitting the same model meanwhile gets
 :class:`RefitInProgressError` at once. SIGINT and SIGTERM (with a Python handler) are held while a
 call changes the model and delivered once it is consistent: an interrupted refit leaves the model
@@ -39,11 +42,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-from ._errors import RefitError, RefitInProgressError
+from ._errors import RefitError, RefitInProgressError, UnsupportedQuantizationError
 
 __all__ = [
-    "RefitError", "RefitInProgressError", "prepare_refit", "finish_refit", "abort_refit", "refit", "refit_weights",
-    "refit_mode",
+    "RefitError", "RefitInProgressError", "UnsupportedQuantizationError", "prepare_refit", "finish_refit",
+    "abort_refit", "refit", "refit_weights", "refit_mode",
 ]
 
 PATCH_ID = "vllm.nvfp4_refit"

@@ -76,6 +76,12 @@ def cpu_fp8_ops(vllm_config: object) -> Iterator[None]:
 
 
 @pytest.fixture
+def cpu_dynamic_fp8_quant(vllm_config: object) -> Iterator[None]:
+    with vllm_cpu_harness.cpu_dynamic_fp8_quant():
+        yield
+
+
+@pytest.fixture
 def fp8_refit_patch(cpu_fp8_ops: None) -> Iterator[None]:
     """``vllm.fp8_refit`` applied for the test, reverted after."""
     import patchkit

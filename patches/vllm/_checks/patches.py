@@ -283,9 +283,9 @@ def _model_dtype(dtype: torch.dtype) -> Any:
 def check_fp8_refit(context: CheckContext) -> None:
     """Load one FP8 checkpoint, refit another, refit back: each time the layers' kernel tensors hold exactly
     that checkpoint (read without vLLM), in the same tensor objects and storage."""
+    from ..refit import refit
     from ._cpu_stand_in import vllm_context
     from ._fp8_checkpoint import Fp8TwoLinears, checkpoint, mismatches
-    from ..refit import refit
 
     first, second = checkpoint(seed=1), checkpoint(seed=2)
     with vllm_context(context.device):

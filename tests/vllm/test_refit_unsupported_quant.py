@@ -1,0 +1,125 @@
+"""A refit refuses, before any write, a layer whose quantization patchkit cannot refit.
+
+The layers are vLLM's own (``RowParallelLinear``), built by vLLM's own quantization configs: online
+FP8 (a bf16 checkpoint quantised at load: ``Fp8Config(is_checkpoint_fp8_serialized=False)`` on 0.24,
+``OnlineQuantizationConfig`` with ``linear="fp8_per_tensor"`` on 0.33, which dropped the former) and
+compressed-tensors NVFP4 W4A16 (``CompressedTensorsConfig.from_config``: the method delegates to
+``layer.scheme``). Before this refusal a refit wrote the checkpoint tensors into those layers' tensors
+without a word.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from fp8_helpers import items
+from nvfp4_helpers import assert_same_kernel_state, kernel_state
+from patchkit.patches.vllm.refit import RefitError, UnsupportedQuantizationError, refit, refit_weights
+
+IN, OUT = 256, 128
+
+
+def online_fp8_config() -> object:
+    from vllm.model_executor.layers.quantization import fp8
+
+    if hasattr(fp8, "Fp8OnlineMoEMethod"):  # 0.24: fp8 quantises a bf16 checkpoint itself
+        return fp8.Fp8Config(is_checkpoint_fp8_serialized=False)
+    from vllm.config.quantization import QuantizationConfigArgs
+    from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
+
+    return OnlineQuantizationConfig(QuantizationConfigArgs(linear="fp8_per_tensor"))
+
+
+def compressed_tensors_w4a16_nvfp4_config() -> object:
+    from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import (
+        CompressedTensorsConfig,
+    )
+
+    weights = {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16,
+               "symmetric": True, "dynamic": False}
+    return CompressedTensorsConfig.from_config({
+        "quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "ignore": [],
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": None}},
+    })
+
+
+class Model(torch.nn.Module):
+    """An unquantized layer ``plain`` (loaded in place by a refit) and a quantized layer ``quantized``."""
+
+    def __init__(self, config: object) -> None:
+        from vllm.model_executor.layers.linear import RowParallelLinear
+
+        super().__init__()
+        self.plain = RowParallelLinear(IN, OUT, bias=False, prefix="plain", params_dtype=torch.bfloat16)
+        self.quantized = RowParallelLinear(IN, OUT, bias=False, quant_config=config, prefix="quantized",
+                                           params_dtype=torch.bfloat16)
+
+    def load_weights(self, weights: object) -> set[str]:
+        loaded = set()
+        for name, tensor in weights:  # type: ignore[attr-defined]
+            param = self.get_parameter(name)
+            param.weight_loader(param, tensor)
+            loaded.add(name)
+        return loaded
+
+
+def checkpoint(model: Model, seed: int) -> dict[str, torch.Tensor]:
+    """Random values for every parameter the model's layers registered, in their own dtypes and shapes."""
+    generator = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, param in model.named_parameters():
+        if param.dtype.is_floating_point and param.element_size() > 1:
+            out[name] = torch.rand(param.shape, generator=generator).to(param.dtype)
+        else:
+            out[name] = torch.randint(0, 127, param.shape, generator=generator, dtype=torch.uint8).view(param.dtype)
+    return out
+
+
+CONFIGS = {"online_fp8": online_fp8_config, "compressed_tensors_w4a16_nvfp4": compressed_tensors_w4a16_nvfp4_config}
+METHODS = {
+    "online_fp8": r"Fp8PerTensorOnlineLinearMethod",
+    # 0.24: CompressedTensorsW4A16Fp4; 0.33 serves W4A16 with CompressedTensorsW4A4Fp4 (activations unquantised)
+    "compressed_tensors_w4a16_nvfp4": r"CompressedTensorsLinearMethod \(scheme CompressedTensorsW4A(16|4)Fp4\)",
+}
+
+
+def loaded_model(kind: str, request: pytest.FixtureRequest) -> Model:
+    if kind == "compressed_tensors_w4a16_nvfp4":
+        request.getfixturevalue("cpu_marlin_layout")  # vLLM picks Marlin for W4A16 NVFP4
+    else:
+        request.getfixturevalue("cpu_dynamic_fp8_quant")  # 0.24 quantises as the loader completes the layer
+    model = Model(CONFIGS[kind]())
+    model.load_weights(items(checkpoint(model, seed=1)))
+    return model
+
+
+@pytest.mark.parametrize("kind", CONFIGS)
+def test_refit_weights_refuses_the_unsupported_layer_by_name_and_changes_nothing(
+    kind: str, request: pytest.FixtureRequest, nvfp4_refit_patch: None, fp8_refit_patch: None
+) -> None:
+    model = loaded_model(kind, request)
+    before = kernel_state(model)
+    with pytest.raises(UnsupportedQuantizationError, match=rf"'quantized' uses {METHODS[kind]}.*supports") as caught:
+        refit_weights(model, items(checkpoint(model, seed=2)))
+    assert isinstance(caught.value, RefitError)
+    assert caught.value.layer == "quantized"
+    assert "vllm.nvfp4_refit" in caught.value.supported and "vllm.fp8_refit" in caught.value.supported
+    assert_same_kernel_state(model, before)
+
+
+@pytest.mark.parametrize("kind", CONFIGS)
+def test_with_refit_refuses_before_the_block_runs(
+    kind: str, request: pytest.FixtureRequest, nvfp4_refit_patch: None, fp8_refit_patch: None
+) -> None:
+    model = loaded_model(kind, request)
+    before = kernel_state(model)
+    ran = []
+    with pytest.raises(UnsupportedQuantizationError, match="'quantized'"), refit(model):
+        ran.append(True)
+    assert not ran
+    assert_same_kernel_state(model, before)
+    # nothing is left prepared: an unquantized model refits afterwards
+    plain = Model(None)
+    plain.load_weights(items(checkpoint(plain, seed=3)))
+    refit_weights(plain, items(checkpoint(plain, seed=4)))
+    assert torch.equal(plain.plain.weight, checkpoint(plain, seed=4)["plain.weight"])
