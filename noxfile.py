@@ -28,7 +28,7 @@ import yaml
 
 ROOT = pathlib.Path(__file__).parent
 sys.path.insert(0, str(ROOT))
-from devtools import interpreters, locks  # noqa: E402  (the repository's own nox helpers)
+from devtools import interpreters, locks, pytest_targets  # noqa: E402  (the repository's own nox helpers)
 
 MATRIX = yaml.safe_load((ROOT / "compat_matrix.yaml").read_text())
 REPORTS = ROOT / os.environ.get("PATCHKIT_REPORTS", ".nox/reports")
@@ -122,7 +122,7 @@ def _tests_session(name: str, env: dict):
         _install(session, env.get("uninstall", []))
         REPORTS.mkdir(parents=True, exist_ok=True)
         session.run("pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={REPORTS / name}.xml",
-                    *env["tests"], *session.posargs, env={str(k): str(v) for k, v in env.get("env", {}).items()})
+                    *pytest_targets.pytest_targets(env["tests"], session.posargs, ROOT), env={str(k): str(v) for k, v in env.get("env", {}).items()})
         if RECORD != "off" and not session.posargs:
             session.run("patchkit", "matrix", "record", "--env", name, *(["--check"] if RECORD == "check" else []))
 
