@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
+from ._constants import REFIT_PATCH_ID
 from ._errors import RefitError, RefitInProgressError, UnsupportedQuantizationError
 
 __all__ = [
@@ -49,7 +50,8 @@ __all__ = [
     "abort_refit", "refit", "refit_weights", "refit_mode",
 ]
 
-PATCH_ID = "vllm.nvfp4_refit"
+#: The patch whose state ``refit_mode`` reports (defined in the ``_constants`` leaf).
+PATCH_ID = REFIT_PATCH_ID
 
 
 def refit_mode() -> str:
