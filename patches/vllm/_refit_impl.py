@@ -44,6 +44,7 @@ from typing import Any
 import torch
 
 from . import _refit_plain, _refit_writes
+from ._errors import RefitError, RefitInProgressError, UnsupportedQuantizationError
 from ._refit_commit import CommitUndo
 from ._refit_loaders import counting_loader, get_loader, set_loader
 from ._refit_session import claimed
@@ -60,7 +61,6 @@ from ._refit_state import (
     restore_method_state,
     shape_text,
 )
-from .refit import RefitError, RefitInProgressError, UnsupportedQuantizationError
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import patchkit
 
-from .refit import PATCH_ID, RefitError
+from ._constants import REFIT_PATCH_ID as PATCH_ID
+from ._errors import RefitError
 
 #: the patches that record layers for ``refit``: NVFP4 (the backend's own id) and FP8
 RECORDING_PATCHES = (PATCH_ID, "vllm.fp8_refit")

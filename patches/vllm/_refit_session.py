@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from ._errors import RefitError, RefitInProgressError
 from ._refit_signals import SignalWindow, deliver
-from .refit import RefitError, RefitInProgressError
 
 #: where the running call's claim lives on the model
 CLAIM_ATTR = "_patchkit_refit_claim"

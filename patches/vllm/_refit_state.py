@@ -1,6 +1,6 @@
 """What patchkit remembers about one quantized vLLM layer so it can be refitted.
 
-Recorded by ``_nvfp4_refit_record`` around the layer's first ``process_weights_after_loading``:
+Recorded by ``_refit_record`` around the layer's first ``process_weights_after_loading``:
 the checkpoint-format parameters that ``create_weights`` registered (vLLM parameter class, shape,
 dtype, and the attribute dict that carries ``weight_loader``/``_input_dim``/``_output_dim``), and
 the kernel-format tensors that processing produced. What a refit must supply comes from those

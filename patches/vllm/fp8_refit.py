@@ -3,7 +3,7 @@
 Declaration only (see docs/writing-patches.md). The refit is driven through
 ``patchkit.patches.vllm.refit`` (the same calls as for ModelOpt NVFP4); this patch records what a
 refit needs at each layer's first ``process_weights_after_loading``, with the same recording wraps
-as ``vllm.nvfp4_refit`` (``_nvfp4_refit_record``: they keep whatever ``create_weights`` registered
+as ``vllm.nvfp4_refit`` (``_refit_record``: they keep whatever ``create_weights`` registered
 and whatever processing produced, whatever the format).
 
 What upstream does (``vllm/model_executor/layers/quantization/fp8.py``, read in the 0.24.0, 0.29.0 and
@@ -36,22 +36,23 @@ from __future__ import annotations
 from patchkit import Patch, Variant, Wrap
 
 FP8 = "vllm.model_executor.layers.quantization.fp8"
-_RECORD = "._nvfp4_refit_record"
+#: The recording wraps every refit patch shares (``_refit_record``), one pair per method class.
+_CREATE_WEIGHTS = "._refit_record:wrap_create_weights"
+_PROCESS_WEIGHTS = "._refit_record:wrap_process_weights_after_loading"
 
-
-def _record(method_class: str) -> tuple[Wrap, Wrap]:
-    """Remember what ``create_weights`` registered; record at the first processing."""
-    return (
-        Wrap(f"{FP8}:{method_class}.create_weights", f"{_RECORD}:wrap_create_weights"),
-        Wrap(f"{FP8}:{method_class}.process_weights_after_loading",
-             f"{_RECORD}:wrap_process_weights_after_loading"),
-    )
-
+_LINEAR = (
+    Wrap(f"{FP8}:Fp8LinearMethod.create_weights", _CREATE_WEIGHTS),
+    Wrap(f"{FP8}:Fp8LinearMethod.process_weights_after_loading", _PROCESS_WEIGHTS),
+)
+_MOE = (
+    Wrap(f"{FP8}:Fp8MoEMethod.create_weights", _CREATE_WEIGHTS),
+    Wrap(f"{FP8}:Fp8MoEMethod.process_weights_after_loading", _PROCESS_WEIGHTS),
+)
 
 PATCHES = (
     Patch(
         id="vllm.fp8_refit",
-        self_check="._checks.patches:check_fp8_refit",
+        self_check="._checks.fp8_refit:check_fp8_refit",
         summary=(
             "FP8 linear and MoE layers (per-tensor and block-wise) record their checkpoint parameters "
             "so patchkit.patches.vllm.refit can reload them into the same kernel tensors."
@@ -74,7 +75,7 @@ PATCHES = (
         variants=(
             Variant(
                 requires={"vllm": ">=0.24,<0.34"},
-                installs=(*_record("Fp8LinearMethod"), *_record("Fp8MoEMethod")),
+                installs=(*_LINEAR, *_MOE),
                 label="fp8-linear-moe",
             ),
         ),

@@ -31,7 +31,7 @@ from patchkit import Patch, Variant
 PATCHES = (
     Patch(
         id="vllm.moe_expert_weight_loaders",
-        self_check="._checks.patches:check_moe_expert_weight_loaders",
+        self_check="._checks.moe_expert_weight_loaders:check_moe_expert_weight_loaders",
         summary="vLLM's fused-MoE expert parameters keep the layer's weight_loader through processing (native).",
         why=(
             "RL frameworks re-attach the experts' weight_loader after every model load (vLLM 0.8.2's MoE "

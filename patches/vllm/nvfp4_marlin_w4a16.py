@@ -36,7 +36,7 @@ PATCHES = (
         ),
         removal="When vLLM offers a per-engine switch that serves NVFP4 checkpoints as W4A16.",
         opt_in=True,
-        self_check="._checks.patches:check_nvfp4_marlin_w4a16",
+        self_check="._checks.nvfp4_marlin_w4a16:check_nvfp4_marlin_w4a16",
         version_modules={"vllm": "vllm"},
         variants=(
             Variant(

@@ -24,27 +24,32 @@ from __future__ import annotations
 from patchkit import Patch, Variant, Wrap
 
 MODELOPT = "vllm.model_executor.layers.quantization.modelopt"
-_RECORD = "._nvfp4_refit_record"
+#: The recording wraps every refit patch shares (``_refit_record``): one pair per method class, the
+#: first counting what ``create_weights`` registered, the second recording at the first processing.
+_CREATE_WEIGHTS = "._refit_record:wrap_create_weights"
+_PROCESS_WEIGHTS = "._refit_record:wrap_process_weights_after_loading"
 
-
-def _record(method_class: str) -> tuple[Wrap, Wrap]:
-    """Count the original load after create_weights; record at the first processing."""
-    return (
-        Wrap(f"{MODELOPT}:{method_class}.create_weights", f"{_RECORD}:wrap_create_weights"),
-        Wrap(f"{MODELOPT}:{method_class}.process_weights_after_loading",
-             f"{_RECORD}:wrap_process_weights_after_loading"),
-    )
-
-
-_LINEAR_W4A4 = _record("ModelOptNvFp4LinearMethod")
-_LINEAR_W4A16 = _record("ModelOptNvFp4W4A16LinearMethod")
-_LINEAR_GENERIC = _record("ModelOptLinearMethod")
-_MOE = _record("ModelOptNvFp4FusedMoE")
+_LINEAR_W4A4 = (
+    Wrap(f"{MODELOPT}:ModelOptNvFp4LinearMethod.create_weights", _CREATE_WEIGHTS),
+    Wrap(f"{MODELOPT}:ModelOptNvFp4LinearMethod.process_weights_after_loading", _PROCESS_WEIGHTS),
+)
+_LINEAR_W4A16 = (
+    Wrap(f"{MODELOPT}:ModelOptNvFp4W4A16LinearMethod.create_weights", _CREATE_WEIGHTS),
+    Wrap(f"{MODELOPT}:ModelOptNvFp4W4A16LinearMethod.process_weights_after_loading", _PROCESS_WEIGHTS),
+)
+_LINEAR_GENERIC = (
+    Wrap(f"{MODELOPT}:ModelOptLinearMethod.create_weights", _CREATE_WEIGHTS),
+    Wrap(f"{MODELOPT}:ModelOptLinearMethod.process_weights_after_loading", _PROCESS_WEIGHTS),
+)
+_MOE = (
+    Wrap(f"{MODELOPT}:ModelOptNvFp4FusedMoE.create_weights", _CREATE_WEIGHTS),
+    Wrap(f"{MODELOPT}:ModelOptNvFp4FusedMoE.process_weights_after_loading", _PROCESS_WEIGHTS),
+)
 
 PATCHES = (
     Patch(
         id="vllm.nvfp4_refit",
-        self_check="._checks.patches:check_nvfp4_refit",
+        self_check="._checks.nvfp4_refit:check_nvfp4_refit",
         summary=(
             "ModelOpt NVFP4 linear and MoE layers record their checkpoint parameters so "
             "patchkit.patches.vllm.refit can reload them into the same kernel tensors."

@@ -5,21 +5,28 @@ One call sequence works on every vLLM version patchkit supports::
     from patchkit.patches.vllm import refit
 
     with refit.refit(model):                 # or prepare_refit(model) ... finish_refit(model)
-        model.load_weights(weights)          # vLLM's own loader, checkpoint (ModelOpt) format
+        model.load_weights(weights)          # vLLM's own loader, the checkpoint's own format
 
     refit.refit_weights(model, weights)      # the same in one call; loader errors become RefitError
 
-The model may have been started with ``load_format="dummy"`` (as verl and NeMo-RL do): what a
-refit must supply is read from the parameters each layer's ``create_weights`` registered, not from
-what a first load wrote.
+``weights`` are in the format of the checkpoint the model was started from: ModelOpt NVFP4 (packed
+``weight``, ``weight_scale``, ``weight_scale_2``, ``input_scale``) or FP8-serialised (E4M3
+``weight`` with ``weight_scale``/``input_scale``, or ``weight_scale_inv`` per block), plus whatever
+unquantized tensors the model has. The model may have been started with ``load_format="dummy"`` (as
+verl and NeMo-RL do): what a refit must supply is read from the parameters each layer's
+``create_weights`` registered, not from what a first load wrote.
 
-On versions where patchkit's ``vllm.nvfp4_refit`` patch is applied, patchkit stages fresh
-checkpoint-format parameters (same vLLM class, same weight loaders) for every recorded ModelOpt
-NVFP4 layer, re-runs upstream's ``process_weights_after_loading`` on them and copies the result
-into the kernel tensors captured at first load, so CUDA graphs keep valid addresses. KV-cache
-scales (``k_scale``/``v_scale``/``q_scale``/``prob_scale``) may be part of the stream; when they
-are absent the scales in use are kept. No vLLM range is declared ``native`` yet (see
-``nvfp4_refit.py``); a version reported native would get its backend here, behind the same calls.
+Layers are recorded at their first ``process_weights_after_loading`` by the patch of their format:
+``vllm.nvfp4_refit`` (ModelOpt NVFP4 linear and fused-MoE layers, vLLM 0.12-0.33) and
+``vllm.fp8_refit`` (``Fp8LinearMethod``/``Fp8MoEMethod``, per-tensor and block-wise, vLLM 0.24-0.33).
+For every recorded layer patchkit stages fresh checkpoint-format parameters (same vLLM class, same
+weight loaders), re-runs upstream's ``process_weights_after_loading`` on them and copies the result
+into the kernel tensors captured at first load, so CUDA graphs keep valid addresses. Unquantized
+tensors are written in place by vLLM's loaders and copied aside first. KV-cache scales
+(``k_scale``/``v_scale``/``q_scale``/``prob_scale``) may be part of the stream; when they are absent
+the scales in use are kept. No vLLM range is declared ``native`` yet (see ``nvfp4_refit.py`` and
+``fp8_refit.py``); a version reported native would get its backend here, behind the same calls.
+docs/vllm-refit.md tells the whole story.
 
 Errors are :class:`RefitError` and leave every layer serving the weights it served before. A model
 with a layer of a quantization method patchkit cannot refit (anything but unquantized layers, KV-cache
@@ -42,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
+from ._constants import REFIT_PATCH_ID
 from ._errors import RefitError, RefitInProgressError, UnsupportedQuantizationError
 
 __all__ = [
@@ -49,14 +57,16 @@ __all__ = [
     "abort_refit", "refit", "refit_weights", "refit_mode",
 ]
 
-PATCH_ID = "vllm.nvfp4_refit"
+#: The patch whose state ``refit_mode`` reports (defined in the ``_constants`` leaf).
+PATCH_ID = REFIT_PATCH_ID
 
 
 def refit_mode() -> str:
     """How refits run in this process: ``"patchkit"`` (the only backend so far).
 
-    Raises :class:`RefitError` when neither is available (patch not applied, vLLM version outside
-    the verified ranges, or the patch switched off), naming the patch state and reason.
+    Raises :class:`RefitError` when no refit patch (``vllm.nvfp4_refit``, ``vllm.fp8_refit``) is
+    installed (not applied, vLLM version outside the verified ranges, or switched off), naming the
+    state of ``vllm.nvfp4_refit`` and why.
     """
     from ._refit_mode import current_mode
 
@@ -107,8 +117,8 @@ def refit_weights(
 ) -> None:
     """One call for a whole refit: prepare, stream ``weights`` through vLLM's loaders, finish.
 
-    ``weights`` are ``(name, tensor)`` pairs in the checkpoint (ModelOpt) format under the model's
-    checkpoint names, as ``model.load_weights`` takes them; they are consumed once, in order, so a
+    ``weights`` are ``(name, tensor)`` pairs in the checkpoint's format (ModelOpt NVFP4 or FP8) under
+    the model's checkpoint names, as ``model.load_weights`` takes them; they are consumed once, in order, so a
     generator that produces one layer at a time keeps peak memory at one layer. ``load_weights``
     defaults to ``model.load_weights`` (every vLLM model has one) or, for a bare module of vLLM
     layers, vLLM's ``AutoWeightsLoader``.

@@ -22,7 +22,7 @@ SERVE = "vllm.entrypoints.cli.serve"
 PATCHES = (
     Patch(
         id="vllm.serve_signals_main_thread",
-        self_check="._checks.patches:check_serve_signals_main_thread",
+        self_check="._checks.serve_signals_main_thread:check_serve_signals_main_thread",
         summary=(
             "vLLM's run_headless (and run_multi_api_server) start from a worker thread: their signal "
             "handlers are installed on the main thread only."

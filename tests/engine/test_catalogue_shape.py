@@ -41,16 +41,7 @@ CHECKS = "_checks"
 #: Modules another branch is editing while this test lands; the lead conforms them at merge and then
 #: deletes the entry. Each is (rule, module) -> why; the case is an expected failure (strict: once a
 #: module conforms, its entry must go).
-AWAITING_CONFORMANCE: dict[tuple[str, str], str] = {
-    ("no_cycles", "vllm"): "vllm._refit_impl / _refit_session / _refit_mode import vllm.refit (the API on top)",
-    ("implementation_below_api", "vllm._refit_impl"): "imports vllm.refit; being edited on the refit branches",
-    ("implementation_below_api", "vllm._refit_mode"): "imports vllm.refit; being edited on the refit branches",
-    ("implementation_below_api", "vllm._refit_session"): "imports vllm.refit; being edited on the refit branches",
-    ("declaration_only_declares", "vllm.nvfp4_refit"): "defines _record() (a Wrap pair per method class); the "
-                                                        "FP8 refit branch adds declarations beside it",
-    ("declaration_only_declares", "vllm.fp8_refit"): "defines _record() like vllm.nvfp4_refit: both move their "
-                                                      "Wrap pairs together",
-}
+AWAITING_CONFORMANCE: dict[tuple[str, str], str] = {}
 
 
 @dataclass

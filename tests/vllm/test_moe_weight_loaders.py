@@ -7,8 +7,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from patchkit.patches.vllm._checks._tiny_moe import TinyMoE, checkpoint, is_the_layers_loader, loaders_of
-from patchkit.patches.vllm._checks.patches import processed_tiny_moe
+from patchkit.patches.vllm._checks._tiny_moe import (
+    TinyMoE,
+    checkpoint,
+    is_the_layers_loader,
+    loaders_of,
+    processed_tiny_moe,
+)
 
 import patchkit
 from patchkit.doctor import FAILED, VERIFIED, run

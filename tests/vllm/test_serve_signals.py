@@ -12,7 +12,7 @@ import signal
 import threading
 
 import pytest
-from patchkit.patches.vllm._checks.patches import run_headless_in_a_thread
+from patchkit.patches.vllm._checks._headless_serve import run_headless_in_a_thread
 
 import patchkit
 from patchkit.doctor import FAILED, VERIFIED, run

@@ -85,3 +85,16 @@ def loaders_of(model: TinyMoE) -> dict[str, Any]:
 def is_the_layers_loader(loader: Any, layer: torch.nn.Module) -> bool:
     return getattr(loader, "__self__", None) is layer and getattr(loader, "__func__", None) is getattr(
         type(layer).weight_loader, "__func__", type(layer).weight_loader)
+
+
+def processed_tiny_moe(context_device: str, quantized: bool = True) -> Any:
+    """vLLM's fused-MoE layer built, loaded and processed by vLLM's own code, on ``context_device``."""
+    # Looked up at each call: the tests substitute ``_nvfp4_checkpoint.process_weights_after_loading``.
+    from .._nvfp4_checkpoint import process_weights_after_loading
+    from ._cpu_stand_in import vllm_context
+
+    with vllm_context(context_device), torch.device(context_device):
+        model = TinyMoE(quantized)
+        model.load_weights({k: v.to(context_device) for k, v in checkpoint(quantized, seed=0).items()})
+        process_weights_after_loading(model)
+    return model

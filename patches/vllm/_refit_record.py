@@ -1,18 +1,21 @@
-"""Wraps for the ModelOpt NVFP4 methods' ``create_weights`` and ``process_weights_after_loading``.
+"""Wraps for the recorded quant methods' ``create_weights`` and ``process_weights_after_loading``.
 
-Upstream (``vllm/model_executor/layers/quantization/modelopt.py``: ``ModelOptNvFp4LinearMethod``,
+One pair of factories for every refit patch that records layers: ``vllm.nvfp4_refit`` (ModelOpt NVFP4,
+``vllm/model_executor/layers/quantization/modelopt.py``: ``ModelOptNvFp4LinearMethod``,
 ``ModelOptNvFp4W4A16LinearMethod`` (0.21-0.29), ``ModelOptLinearMethod`` (0.30+) and
-``ModelOptNvFp4FusedMoE``) registers checkpoint-format vLLM parameters in ``create_weights`` and
-converts them in ``process_weights_after_loading``, replacing ``Parameter`` objects (dropping
-``weight_loader``) and, from 0.16, deleting ``input_scale``/``weight_scale_2``. Nothing in either
-method changes here. What is added:
+``ModelOptNvFp4FusedMoE``) and ``vllm.fp8_refit`` (``quantization/fp8.py``: ``Fp8LinearMethod`` and
+``Fp8MoEMethod``). Each declaration wraps both methods of each class it records with these two.
+Upstream registers checkpoint-format vLLM parameters in ``create_weights`` and converts them in
+``process_weights_after_loading``, replacing ``Parameter`` objects (dropping ``weight_loader``) and
+deleting or rebinding checkpoint tensors (NVFP4 from 0.16: ``input_scale``/``weight_scale_2``; FP8:
+requantised, transposed). Nothing in either method changes here. What is added:
 
 - after ``create_weights``: the names of the parameters it registered are kept on the layer;
 - around a layer's first ``process_weights_after_loading`` (after a real load or a dummy start,
   alike): those checkpoint parameters going in and the kernel tensors coming out are recorded for
-  ``_refit_impl``. What a refit must supply is every such parameter in full, except placeholders
-  the method never reads (``_refit_placeholders``). Later calls (the refit's own re-processing)
-  pass straight through.
+  ``_refit_impl``, whatever the format. What a refit must supply is every such parameter in full,
+  except placeholders the method never reads (``_refit_placeholders``). Later calls (the refit's own
+  re-processing) pass straight through.
 """
 
 from __future__ import annotations
