@@ -55,13 +55,12 @@ from .errors import (
     UnknownPatchError,
     UnsupportedVersionError,
 )
-from .installer import Installed, Registration, uninstall_all
 from .settings import Settings
 from .status import PatchStatus, Reason, State
-from .versions import installed_version
 
-if TYPE_CHECKING:  # the drift module is imported only when a patch installs
+if TYPE_CHECKING:  # the drift module and the installer are imported only when a patch installs
     from .drift import RecordSource
+    from .installer import Installed, Registration
 
 logger = logging.getLogger("patchkit")
 
@@ -304,7 +303,7 @@ class Engine:
             if entry.settings.strict:
                 raise
 
-    def _facts(self, entry: Entry, just_imported: str | None) -> Facts:
+    def _facts(self, entry: Entry, work: Work, just_imported: str | None) -> Facts:
         """What :func:`~patchkit.runtime.decision.decide` needs to know about this process for ``entry``.
 
         ``just_imported`` is the module whose post-import hook is running: it has finished executing
@@ -312,7 +311,8 @@ class Engine:
         """
         patch, strict = entry.patch, entry.settings.strict
         return Facts(
-            versions={dist: installed_version(dist, patch.version_modules.get(dist)) for dist in patch.distributions},
+            versions={dist: work.installed_version(dist, patch.version_modules.get(dist))
+                      for dist in patch.distributions},
             imported=lambda module: module == just_imported or import_watch.imported(module),
             identity_blocker=lambda variant: gating.identity_blocker(patch, variant, self._matrix, strict),
             identity=lambda variant: gating.identity(patch, variant, self._matrix, strict),
@@ -321,7 +321,7 @@ class Engine:
     def _advance(self, entry: Entry, work: Work, just_imported: str | None = None) -> None:
         """Take ``entry`` as far as the installed upstreams and imported modules allow, under the lock:
         record a skip, wait for an import (``work.watch``), or claim the install (``work.jobs``)."""
-        facts = self._facts(entry, just_imported)
+        facts = self._facts(entry, work, just_imported)
         entry.versions = {dist: v.raw for dist, v in facts.versions.items()}
         decision = decide(entry.patch, entry.settings, facts)
         if decision.variant is not None:
@@ -366,6 +366,8 @@ class Engine:
         """Before installing a displaced patch again, restore the targets it still holds (an install
         is all or nothing, so it starts from the originals); a reloaded target already holds them. A
         foreign wrapper on one of those leaves it as it is, reported displaced."""
+        from .installer import uninstall_all  # imported already: the patch was installed
+
         with interrupts.deferred():
             try:
                 uninstall_all(entry.patch.id, entry.installed)
@@ -433,6 +435,8 @@ class Engine:
 
     def _uninstall(self, entry: Entry) -> None:
         """Restore ``entry``'s originals and record the outcome (under the lock)."""
+        from .installer import uninstall_all  # imported already: something was installed
+
         try:
             uninstall_all(entry.patch.id, entry.installed)
         except ForeignWrapperError as exc:

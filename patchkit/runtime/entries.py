@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from .catalogue import Registered
 from .decision import Decision
 from .declaration import Patch, Variant
 from .errors import DeclarationError, DriftError, PatchInstallError
-from .installer import Installed, Registration
 from .settings import Settings
 from .status import PatchStatus, Reason, State
+from .versions import InstalledVersion, installed_version
+
+if TYPE_CHECKING:  # the installer is imported by the first install, not at start-up
+    from .installer import Installed, Registration
 
 logger = logging.getLogger("patchkit")
 
@@ -70,8 +73,10 @@ class Entry:
 
     def displaced(self) -> list[str]:
         """The targets of an installed patch that no longer hold its objects (see ``Installed.is_displaced``)."""
-        if not self.state.installed:
+        if not self.state.installed or not self.installed:
             return []
+        from .installer import Installed  # imported already: the install that filled the list used it
+
         return [item.target for item in self.installed if isinstance(item, Installed) and item.is_displaced()]
 
     def record(self) -> PatchStatus:
@@ -110,10 +115,21 @@ class Job(NamedTuple):
 
 
 class Work:
-    """What one locked pass decided and must be done after releasing the lock."""
+    """What one locked pass decided and must be done after releasing the lock, and the installed
+    versions it read (once per distribution and pass: most patches of a family ask for the same one,
+    and each answer costs a search of ``sys.path``)."""
 
-    __slots__ = ("jobs", "watch")
+    __slots__ = ("jobs", "watch", "versions")
 
     def __init__(self) -> None:
         self.jobs: list[Job] = []
         self.watch: list[str] = []
+        self.versions: dict[tuple[str, str | None], InstalledVersion] = {}
+
+    def installed_version(self, distribution: str, module: str | None) -> InstalledVersion:
+        """:func:`.versions.installed_version`, read once in this pass."""
+        key = (distribution, module)
+        found = self.versions.get(key)
+        if found is None:
+            found = self.versions[key] = installed_version(distribution, module)
+        return found

@@ -16,13 +16,13 @@ from . import import_watch, interrupts
 from .decision import Decision
 from .entries import Entry, Job, Work
 from .errors import DriftError, PatchInstallError, TargetResolutionError
-from .installer import Prepared, install_all, prepare_all, rollback
 from .status import Reason, State
 
 if TYPE_CHECKING:  # the drift module is imported only when a patch installs
     from .declaration import Variant
     from .drift import Drift
     from .engine import Engine
+    from .installer import Prepared
 
 logger = logging.getLogger("patchkit")
 
@@ -44,6 +44,8 @@ def carry_out_all(engine: "Engine", work: Work) -> None:
 
 def carry_out(engine: "Engine", job: Job) -> None:
     """Install one claimed patch: imports and drift without the lock, attributes under it."""
+    from .installer import prepare_all  # here, not at the top: a pass that installs nothing never needs it
+
     entry, variant, patch = job.entry, job.variant, job.entry.patch
     try:
         drift = check_drift(engine, entry, variant) if job.decision.checks_drift else None
@@ -90,6 +92,8 @@ def install(entry: Entry, decision: Decision, prepared: list[Prepared], drift: "
     ``entry.installed`` is filled in place as each attribute is set, so an interruption at any
     point leaves a record of exactly what is installed (see :func:`abandon`).
     """
+    from .installer import install_all  # imported already by carry_out
+
     patch, variant = entry.patch, decision.variant
     assert variant is not None
     try:
@@ -123,6 +127,8 @@ def abandon(engine: "Engine", work: Work) -> None:
             if entry.ticket is not job.ticket:
                 continue  # carried out (or cancelled by a revert) already
             if not entry.state.installed and entry.installed:
+                from .installer import rollback  # imported already: something was installed
+
                 failures = rollback(entry.installed)
                 if failures:  # what cannot be undone stays recorded: revert() retries it
                     entry.set(State.FAILED, detail=f"variant {job.variant.name}: interrupted",

@@ -137,3 +137,15 @@ def test_import_dispatch_and_fork_handling_know_no_engine(name: str) -> None:
                    "patchkit.runtime.process_engine")
     wrong = [f"line {line}: {module}" for line, module in imports(*_modules(name)) if module in engine_side]
     assert not wrong, f"{name} imports: {wrong}"
+
+
+def test_apply_all_that_installs_nothing_loads_neither_the_installer_nor_the_drift_check() -> None:
+    # Start-up with the upstreams installed but not imported: every patch waits or is skipped.
+    code = ("import sys, patchkit; patchkit.apply_all(); print(sorted(m for m in sys.modules if m in "
+            "('patchkit.runtime.installer', 'patchkit.runtime.drift', 'patchkit.runtime.fpcache', "
+            "'patchkit.runtime.fingerprint', 'patchkit.runtime._recorded')))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PACKAGE.parent), os.environ.get("PYTHONPATH", "")])}
+    env.pop("PATCHKIT_AUTOLOAD", None)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
