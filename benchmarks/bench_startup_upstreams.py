@@ -12,7 +12,7 @@
    checking included, in fresh interpreters (each one run); first with an empty fingerprint cache
    (the first process on a machine), then with the cache the first run wrote. Goal: at most 10 ms.
 
-    python benchmarks/bench_startup_upstreams.py [--runs 21]
+    python benchmarks/bench_startup_upstreams.py [--runs 21] [--no-in-process]
 """
 
 from __future__ import annotations
@@ -99,10 +99,12 @@ def in_process(runs: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=21)
+    parser.add_argument("--no-in-process", action="store_true", help="parts 1 and 2 only (3 imports torch per run)")
     args = parser.parse_args()
     whole_process(args.runs)
     modules_loaded()
-    in_process(args.runs)
+    if not args.no_in_process:
+        in_process(args.runs)
 
 
 if __name__ == "__main__":
