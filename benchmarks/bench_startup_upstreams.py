@@ -5,11 +5,14 @@
    which should have megatron-core and ModelOpt installed and not imported. Wall and CPU time
    (user+sys of the child; far less disturbed by other work on a shared machine) are reported as
    medians, with the added milliseconds and the ratio. Goal: at most +15 ms.
-2. In process, megatron-core already imported: the time of ``patchkit.apply_all()`` alone, drift
+2. What start-up loads: the modules ``import patchkit; patchkit.apply_all()`` adds to a bare
+   interpreter, patchkit's own counted apart (each costs its import; the runtime's are listed in
+   docs/architecture.md).
+3. In process, megatron-core already imported: the time of ``patchkit.apply_all()`` alone, drift
    checking included, in fresh interpreters (each one run); first with an empty fingerprint cache
    (the first process on a machine), then with the cache the first run wrote. Goal: at most 10 ms.
 
-    python benchmarks/bench_startup_upstreams.py [--runs 21]
+    python benchmarks/bench_startup_upstreams.py [--runs 21] [--no-in-process]
 """
 
 from __future__ import annotations
@@ -61,6 +64,23 @@ def whole_process(runs: int) -> None:
                          f"apply_all() {p:.1f} ms; added {p - b:+.1f} ms ({p / b:.2f}x)\n")
 
 
+MODULES = """
+import sys
+bare = set(sys.modules)
+import patchkit
+patchkit.apply_all()
+added = sorted(set(sys.modules) - bare)
+print(len(added), sum(m.startswith("patchkit") for m in added), sum(m.startswith("patchkit.patches") for m in added))
+"""
+
+
+def modules_loaded() -> None:
+    added, own, catalogue = subprocess.run([sys.executable, "-c", MODULES], check=True, env=ENV, capture_output=True,
+                                           text=True).stdout.split()
+    sys.stdout.write(f"start-up loads {added} modules: {own} of patchkit ({catalogue} of them the catalogue's), "
+                     f"{int(added) - int(own)} of the standard library\n")
+
+
 def in_process(runs: int) -> None:
     with tempfile.TemporaryDirectory() as cache:
         env = {**ENV, "XDG_CACHE_HOME": cache}
@@ -79,9 +99,12 @@ def in_process(runs: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=21)
+    parser.add_argument("--no-in-process", action="store_true", help="parts 1 and 2 only (3 imports torch per run)")
     args = parser.parse_args()
     whole_process(args.runs)
-    in_process(args.runs)
+    modules_loaded()
+    if not args.no_in_process:
+        in_process(args.runs)
 
 
 if __name__ == "__main__":

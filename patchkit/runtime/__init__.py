@@ -1,7 +1,9 @@
 """The runtime: everything a process loads when it calls ``patchkit.apply_all()``.
 
 Declarations (:mod:`.declaration`), version resolution (:mod:`.versions`), installing and undoing
-actions (:mod:`.installer`), the engine that ties them together (:mod:`.engine`), ``PATCHKIT_*``
+actions (:mod:`.installer`), the pure decision (:mod:`.decision`), the engine that applies and reverts
+through it (:mod:`.engine`; per-patch records :mod:`.entries`, carrying out installs :mod:`.jobs`,
+import dispatch :mod:`.import_watch` over :mod:`.hooks`, fork handling :mod:`.forking`), ``PATCHKIT_*``
 settings (:mod:`.settings`), config probing (:mod:`.probing`), status records (:mod:`.status`),
 finding declarations (:mod:`.catalogue`), typed errors (:mod:`.errors`) and the drift check
 (:mod:`.drift`, :mod:`.fingerprint`). Nothing here imports the tooling (``patchkit.matrix``, the CLI,

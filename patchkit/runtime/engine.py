@@ -1,8 +1,10 @@
-"""The engine: the registry of patches in this process, and the machinery that acts on each one's decision.
+"""The engine: the registry of patches in this process, applying and reverting them through their decisions.
 
 What a patch should do (which variant, which state, why) is decided by :mod:`.decision`, a pure
-function; the engine gathers the facts it needs, records the outcome, imports what a variant
-names, installs and reverts, and keeps the locks, the post-import hooks and the fork handling.
+function. The engine gathers the facts the decision needs, records its outcome and orchestrates
+the rest, each part in a module of its own: what it holds per patch (:mod:`.entries`), carrying
+out a claimed install (:mod:`.jobs`, through :mod:`.installer`), hearing of imports
+(:mod:`.import_watch`, over :mod:`.hooks`) and forks (:mod:`.forking`).
 
 A patch moves through its states one at a time:
 
@@ -17,13 +19,11 @@ So the engine lock is never held across an import of an upstream or implementati
 across the drift check): installing is done in three steps, (1) under the lock, decide and claim
 the patch (a ticket: no other thread installs it meanwhile); (2) without it, import what the
 variant references and check drift; (3) under the lock again, set the attributes, if the ticket
-still holds (a ``revert`` in between cancels it). Factories (``Wrap``) and ``Call`` install/undo
-functions run in step 3, under the lock: they must not import upstream modules themselves (import
-at the top of the implementation module, which step 2 imports). The hook registry's own lock
-(``_WATCH_LOCK``) is never held together with an engine lock.
-
-Forks: :func:`os.register_at_fork` takes every lock before ``fork()`` and gives the child fresh
-ones, so a child never inherits a lock held by a thread that does not exist there.
+still holds (a ``revert`` in between cancels it). Steps 2 and 3 are :func:`.jobs.carry_out`.
+Factories (``Wrap``) and ``Call`` install/undo functions run in step 3, under the lock: they must
+not import upstream modules themselves (import at the top of the implementation module, which
+step 2 imports). The watch lock (:mod:`.import_watch`) is never held together with an engine lock,
+except by the fork handlers (:mod:`.forking`), which take it first.
 """
 
 from __future__ import annotations
@@ -36,127 +36,33 @@ import os
 import sys
 import threading
 import warnings
-import weakref
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 
-from . import gating, interrupts
+from . import forking, gating, import_watch, interrupts, jobs
 from . import settings as settings_module
 from .catalogue import CatalogueLoadFailure, Registered
 from .decision import Decision, Facts, Step, Trigger, decide, next_step, switched_off
-from .declaration import Patch, Variant, validate
+from .declaration import Patch, validate
+from .entries import Entry, Job, Ticket, Work
 from .errors import (
     ConfigError,
     DeclarationError,
-    DriftError,
     ForceRefusedError,
     ForeignWrapperError,
-    PatchInstallError,
     PatchkitWarning,
     RevertError,
-    TargetResolutionError,
     UndoError,
     UnknownPatchError,
     UnsupportedVersionError,
 )
-from .installer import Installed, Prepared, Registration, install_all, prepare_all, rollback, uninstall_all
 from .settings import Settings
 from .status import PatchStatus, Reason, State
-from .versions import installed_version
 
-if TYPE_CHECKING:  # the drift module is imported only when a patch installs
-    from .drift import Drift, RecordSource
+if TYPE_CHECKING:  # the drift module and the installer are imported only when a patch installs
+    from .drift import RecordSource
+    from .installer import Installed, Registration
 
 logger = logging.getLogger("patchkit")
-
-
-class _Ticket:
-    """A claim on one patch's installation, held by the thread doing it (see the module docstring)."""
-
-    __slots__ = ("thread",)
-
-    def __init__(self) -> None:
-        self.thread = threading.get_ident()
-
-
-class _Entry:
-    """What the engine knows and holds for one patch (mutable, guarded by the engine's lock)."""
-
-    __slots__ = ("registered", "state", "reason", "detail", "variant", "versions", "error", "waiting_for",
-                 "installed", "settings", "ticket")
-
-    def __init__(self, registered: Registered) -> None:
-        self.registered = registered
-        self.state = State.REGISTERED
-        self.reason: Reason | None = None
-        self.detail = ""
-        self.variant: Variant | None = None
-        self.versions: dict[str, str | None] = {}
-        self.error: str | None = None
-        self.waiting_for: tuple[str, ...] = ()
-        #: What is installed now. Non-empty in state FAILED too when a rollback could not undo a step:
-        #: revert() retries it.
-        self.installed: list[Installed | Registration] = []
-        self.settings = Settings()
-        self.ticket: _Ticket | None = None
-
-    @property
-    def patch(self) -> Patch:
-        return self.registered.patch
-
-    def set(self, state: State, reason: Reason | None = None, detail: str = "", error: str | None = None) -> None:
-        self.state, self.reason, self.detail, self.error = state, reason, detail, error
-        if state is not State.PENDING:
-            self.waiting_for = ()
-
-    def displaced(self) -> list[str]:
-        """The targets of an installed patch that no longer hold its objects (see ``Installed.is_displaced``)."""
-        if not self.state.installed:
-            return []
-        return [item.target for item in self.installed if isinstance(item, Installed) and item.is_displaced()]
-
-    def record(self) -> PatchStatus:
-        variant = self.variant
-        targets = tuple(str(t) for action in variant.installs for t in action.targets) if variant else ()
-        state, reason, detail = self.state, self.reason, self.detail
-        displaced = self.displaced()
-        if displaced:
-            state, reason = State.DISPLACED, None
-            detail = (f"no longer in effect at {', '.join(displaced)}: the module was reloaded or imported again "
-                      f"after the patch was installed; apply_all() installs it again")
-        return PatchStatus(
-            id=self.patch.id,
-            state=state,
-            reason=reason,
-            detail=detail,
-            variant=variant.name if variant else None,
-            versions=dict(self.versions),
-            error=self.error,
-            targets=targets,
-            waiting_for=self.waiting_for if self.state is State.PENDING else (),
-        )
-
-
-class _Job(NamedTuple):
-    """An installation decided under the lock, carried out by :meth:`Engine._carry_out`."""
-
-    entry: _Entry
-    ticket: _Ticket
-    decision: Decision
-
-    @property
-    def variant(self) -> Variant:
-        assert self.decision.variant is not None
-        return self.decision.variant
-
-
-class _Work:
-    """What one locked pass decided and must be done after releasing the lock."""
-
-    __slots__ = ("jobs", "watch")
-
-    def __init__(self) -> None:
-        self.jobs: list[_Job] = []
-        self.watch: list[str] = []
 
 
 class Engine:
@@ -174,12 +80,13 @@ class Engine:
         self._lock = threading.RLock()
         #: Where drift fingerprints come from (see patchkit.runtime.drift.RecordSource); read on first install.
         self._matrix = matrix
-        self._entries: dict[str, _Entry] = {}
+        self._entries: dict[str, Entry] = {}
         self._catalogue_errors = tuple(catalogue_errors)
         self._strict = False
         for registered in patches:
             self.register(registered.patch, registered.package)
-        _ENGINES.add(self)
+        import_watch.listen(self)
+        forking.guard(self)
 
     # -- registry -------------------------------------------------------------------------------
 
@@ -211,7 +118,7 @@ class Engine:
             if clashes:
                 raise DeclarationError(f"patch ids already registered: {', '.join(clashes)}")
             for patch in adding:
-                self._entries[patch.id] = _Entry(Registered(patch, package))
+                self._entries[patch.id] = Entry(Registered(patch, package))
             self._entries = dict(sorted(self._entries.items()))
 
     @property
@@ -236,7 +143,7 @@ class Engine:
         """The package a patch's relative references (actions, self-check) resolve against."""
         return self._entry(patch_id, "patch id").registered.package
 
-    def _entry(self, patch_id: str, variable: str) -> _Entry:
+    def _entry(self, patch_id: str, variable: str) -> Entry:
         entry = self._entries.get(patch_id)
         if entry is None:
             import difflib
@@ -262,7 +169,7 @@ class Engine:
         id applies nothing (every patch is skipped with ``config_error``, and a ``PatchkitWarning``
         says so) unless strict, which raises ``ConfigError``.
         """
-        work = _Work()
+        work = Work()
         with self._abandoned_on_interrupt(work):
             with self._lock:
                 chosen = self._settings(environ, list(self._entries.values()), enable=enable, disable=disable,
@@ -277,7 +184,7 @@ class Engine:
                         step = next_step(entry.state, Trigger.APPLY_ALL, claimed=False)
                     if step is Step.DECIDE:
                         self._consider(entry, chosen, work)
-            self._carry_out_all(work)
+            jobs.carry_out_all(self, work)
         return self.status()
 
     def apply(self, *patterns: str, import_targets: bool = False, strict: bool | None = None,
@@ -289,7 +196,7 @@ class Engine:
         at once instead of waiting. An unknown or malformed pattern raises ``UnknownPatchError`` /
         ``ConfigError``; a malformed ``PATCHKIT_*`` variable is handled as in :meth:`apply_all`.
         """
-        work = _Work()
+        work = Work()
         with self._abandoned_on_interrupt(work):
             with self._lock:
                 explicit = settings_module.parse_patterns("argument patterns", list(patterns))
@@ -301,7 +208,7 @@ class Engine:
                 for entry in selected:
                     if next_step(entry.state, Trigger.APPLY, claimed=entry.ticket is not None) is Step.DECIDE:
                         self._consider(entry, chosen, work)
-            self._carry_out_all(work)
+            jobs.carry_out_all(self, work)
         if import_targets:
             self._import_waiting(selected)
         with self._lock:
@@ -329,7 +236,7 @@ class Engine:
         self._import_waiting(entries)
         return self.status()
 
-    def _import_waiting(self, entries: Iterable[_Entry]) -> None:
+    def _import_waiting(self, entries: Iterable[Entry]) -> None:
         """Import what ``entries`` wait for, without the lock: their hooks then install them."""
         for entry in entries:
             with self._lock:
@@ -346,7 +253,7 @@ class Engine:
                     if self._strict:
                         raise
 
-    def _settings(self, environ: Mapping[str, str] | None, scope: Sequence[_Entry],
+    def _settings(self, environ: Mapping[str, str] | None, scope: Sequence[Entry],
                   **explicit: Any) -> Settings | None:
         """Parse the toggles; on a bad value, raise if strict, else mark ``scope`` config_error.
 
@@ -374,7 +281,7 @@ class Engine:
         if chosen.log_level is not None:
             logger.setLevel(chosen.log_level)
 
-    def _consider(self, entry: _Entry, chosen: Settings, work: _Work) -> None:
+    def _consider(self, entry: Entry, chosen: Settings, work: Work) -> None:
         entry.settings = chosen
         off = switched_off(entry.patch, chosen)  # before any fact is gathered: a switched-off patch costs nothing
         if off is not None:
@@ -382,7 +289,7 @@ class Engine:
         else:
             self._advance_safely(entry, "while applying", work)
 
-    def _advance_safely(self, entry: _Entry, context: str, work: _Work, just_imported: str | None = None) -> None:
+    def _advance_safely(self, entry: Entry, context: str, work: Work, just_imported: str | None = None) -> None:
         """``_advance``, with anything unexpected recorded as a failure of this patch alone.
 
         The failure is recorded in strict mode too, before it is raised: the status never says
@@ -392,16 +299,11 @@ class Engine:
             self._advance(entry, work, just_imported)
         except Exception as exc:
             if not isinstance(exc, (UnsupportedVersionError, ForceRefusedError)):  # these recorded their skip
-                self._fail(entry, context, exc)
+                entry.fail(context, exc)
             if entry.settings.strict:
                 raise
 
-    def _fail(self, entry: _Entry, context: str, exc: BaseException) -> None:
-        error = str(exc) if isinstance(exc, (DeclarationError, PatchInstallError, DriftError)) else repr(exc)
-        entry.set(State.FAILED, detail=context, error=error)
-        logger.error("patchkit: %s failed %s: %s", entry.patch.id, context, error)
-
-    def _facts(self, entry: _Entry, just_imported: str | None) -> Facts:
+    def _facts(self, entry: Entry, work: Work, just_imported: str | None) -> Facts:
         """What :func:`~patchkit.runtime.decision.decide` needs to know about this process for ``entry``.
 
         ``just_imported`` is the module whose post-import hook is running: it has finished executing
@@ -409,30 +311,31 @@ class Engine:
         """
         patch, strict = entry.patch, entry.settings.strict
         return Facts(
-            versions={dist: installed_version(dist, patch.version_modules.get(dist)) for dist in patch.distributions},
-            imported=lambda module: module == just_imported or _imported(module),
+            versions={dist: work.installed_version(dist, patch.version_modules.get(dist))
+                      for dist in patch.distributions},
+            imported=lambda module: module == just_imported or import_watch.imported(module),
             identity_blocker=lambda variant: gating.identity_blocker(patch, variant, self._matrix, strict),
             identity=lambda variant: gating.identity(patch, variant, self._matrix, strict),
         )
 
-    def _advance(self, entry: _Entry, work: _Work, just_imported: str | None = None) -> None:
+    def _advance(self, entry: Entry, work: Work, just_imported: str | None = None) -> None:
         """Take ``entry`` as far as the installed upstreams and imported modules allow, under the lock:
         record a skip, wait for an import (``work.watch``), or claim the install (``work.jobs``)."""
-        facts = self._facts(entry, just_imported)
+        facts = self._facts(entry, work, just_imported)
         entry.versions = {dist: v.raw for dist, v in facts.versions.items()}
         decision = decide(entry.patch, entry.settings, facts)
         if decision.variant is not None:
             entry.variant = decision.variant
         if decision.installs:
             # The job is listed before the entry is claimed: an interruption in between leaves no
-            # claim that _abandon would not find. Checked again with signals held: an apply_all() that
+            # claim that jobs.abandon would not find. Checked again with signals held: an apply_all() that
             # a signal handler ran in this thread since this call chose the entry (the lock is
             # reentrant) may have claimed or installed it already.
             with interrupts.deferred():
                 if entry.ticket is not None or entry.state.installed:
                     return
-                ticket = _Ticket()
-                work.jobs.append(_Job(entry, ticket, decision))
+                ticket = Ticket()
+                work.jobs.append(Job(entry, ticket, decision))
                 entry.ticket = ticket
         elif decision.state is State.PENDING:
             # Hooks are armed after the lock is released (work.watch): one may fire at once (the
@@ -443,7 +346,7 @@ class Engine:
         else:
             self._skip(entry, decision)
 
-    def _skip(self, entry: _Entry, decision: Decision) -> None:
+    def _skip(self, entry: Entry, decision: Decision) -> None:
         """Record a skip first, then log it: strict mode raises its refusal, and the status must
         already say why."""
         patch = entry.patch
@@ -459,10 +362,12 @@ class Engine:
         elif decision.reason is Reason.NATIVE:
             logger.info("patchkit: %s not needed: %s", patch.id, decision.detail)
 
-    def _forget_displaced(self, entry: _Entry) -> None:
+    def _forget_displaced(self, entry: Entry) -> None:
         """Before installing a displaced patch again, restore the targets it still holds (an install
         is all or nothing, so it starts from the originals); a reloaded target already holds them. A
         foreign wrapper on one of those leaves it as it is, reported displaced."""
+        from .installer import uninstall_all  # imported already: the patch was installed
+
         with interrupts.deferred():
             try:
                 uninstall_all(entry.patch.id, entry.installed)
@@ -471,132 +376,18 @@ class Engine:
                 return
             entry.set(State.REVERTED, detail="displaced: its module was reloaded; installing it again")
 
-    def _carry_out_all(self, work: _Work) -> None:
-        """Do what a locked pass decided, without the lock; raise the first strict-mode error after
-        every job ran (one patch's strict failure does not leave another one half-decided)."""
-        first: BaseException | None = None
-        for job in work.jobs:
-            try:
-                self._carry_out(job)
-            except Exception as exc:
-                first = first or exc
-        for module in work.watch:
-            _watch(module)
-        if first is not None:
-            raise first
-
-    def _carry_out(self, job: _Job) -> None:
-        """Install one claimed patch: imports and drift without the lock, attributes under it."""
-        entry, variant, patch = job.entry, job.variant, job.entry.patch
-        try:
-            drift = self._drift(entry, variant) if job.decision.checks_drift else None
-            prepared = prepare_all(patch.id, variant.installs, entry.registered.package)
-        except Exception as exc:
-            with self._lock:
-                if entry.ticket is not job.ticket:
-                    return  # reverted meanwhile: nothing was installed
-                entry.ticket = None
-                self._install_failed(entry, variant, exc)
-            if entry.settings.strict:
-                raise
-            return
-        with self._lock, interrupts.deferred():
-            if entry.ticket is not job.ticket:
-                return  # reverted or re-decided meanwhile
-            error = self._install(entry, job.decision, prepared, drift)
-            entry.ticket = None  # last: until here, an interruption is undone by _abandon
-        if error is not None:
-            raise error
-
-    def _install_failed(self, entry: _Entry, variant: Variant, exc: Exception) -> None:
-        """Record why ``variant`` did not install (under the lock); the caller raises if strict."""
-        patch = entry.patch
-        if isinstance(exc, TargetResolutionError):
-            entry.set(State.SKIPPED, Reason.TARGET_MISSING, str(exc))
-            logger.warning("patchkit: %s skipped (variant %s): %s", patch.id, variant.name, exc)
-        elif isinstance(exc, PatchInstallError):
-            entry.installed = list(exc.leftovers)  # what the rollback could not undo: revert() retries it
-            entry.set(State.FAILED, detail=f"variant {variant.name}", error=str(exc))
-            logger.error("patchkit: %s", exc)
-        elif isinstance(exc, DriftError):
-            entry.set(State.FAILED, Reason.DRIFTED, f"variant {variant.name} refused in strict mode",
-                      error=str(exc))
-            logger.error("patchkit: %s", exc)
-        else:
-            self._fail(entry, f"variant {variant.name}", exc)
-
-    def _install(self, entry: _Entry, decision: Decision, prepared: list[Prepared],
-                 drift: "Drift | None") -> Exception | None:
-        """Set the attributes and record the outcome (under the lock); returns the error strict mode raises.
-
-        ``entry.installed`` is filled in place as each attribute is set, so an interruption at any
-        point leaves a record of exactly what is installed (see :meth:`_abandon`).
-        """
-        patch, variant = entry.patch, decision.variant
-        assert variant is not None
-        try:
-            install_all(patch.id, prepared, entry.installed)
-        except Exception as exc:
-            self._install_failed(entry, variant, exc)
-            return exc if entry.settings.strict else None
-        if decision.reason is None and drift is not None:
-            entry.set(State.APPLIED, Reason.DRIFTED, drift.detail)
-            logger.warning("patchkit: %s applied (variant %s), but %s", patch.id, variant.name, drift.detail)
-            return None
-        entry.set(decision.state, decision.reason, decision.detail)
-        if decision.state is State.FORCED:
-            logger.warning("patchkit: %s applied by force (variant %s): %s", patch.id, variant.name,
-                           decision.detail.removeprefix("forced: "))
-        elif decision.reason is not None:
-            logger.warning("patchkit: %s applied (variant %s): %s", patch.id, variant.name, decision.detail)
-        else:
-            logger.info("patchkit: %s applied (variant %s)", patch.id, variant.name)
-        return None
-
     @contextlib.contextmanager
-    def _abandoned_on_interrupt(self, work: _Work) -> Iterator[None]:
+    def _abandoned_on_interrupt(self, work: Work) -> Iterator[None]:
         """Run a decide-and-install pass; on any exception, give up the claims it still holds."""
         try:
             yield
         except BaseException:
-            self._abandon(work)
+            jobs.abandon(self, work)
             raise
-
-    def _abandon(self, work: _Work) -> None:
-        """Undo what an interrupted pass left half-done (a ``KeyboardInterrupt``, a SIGTERM handler
-        that raised, ``sys.exit`` in a hook): each patch it still holds a claim on is rolled back to
-        what it was before the claim, unless it was completely installed and recorded already, and
-        the claim is released, so the next ``apply_all`` considers it again."""
-        with interrupts.deferred(), self._lock:
-            for job in work.jobs:
-                entry = job.entry
-                if entry.ticket is not job.ticket:
-                    continue  # carried out (or cancelled by a revert) already
-                if not entry.state.installed and entry.installed:
-                    failures = rollback(entry.installed)
-                    if failures:  # what cannot be undone stays recorded: revert() retries it
-                        entry.set(State.FAILED, detail=f"variant {job.variant.name}: interrupted",
-                                  error="; ".join(f"{where}: {error!r}" for where, error in failures))
-                entry.ticket = None
-
-    def _drift(self, entry: _Entry, variant: Variant) -> "Drift | None":
-        """Compare the targets with compat_matrix.yaml; strict mode refuses a drifted variant."""
-        from . import drift
-
-        try:
-            found = drift.check(entry.patch.id, variant, self._matrix, strict=entry.settings.strict)
-        except Exception as exc:  # the check itself broke: drift is unknown, the patch still applies
-            if entry.settings.strict:
-                raise
-            logger.warning("patchkit: %s: drift check unavailable, applying unchecked: %r", entry.patch.id, exc)
-            return None
-        if found is not None and entry.settings.strict:
-            raise DriftError(found.patch_id, found.variant, found.targets, found.compared)
-        return found
 
     def _module_imported(self, module: str) -> None:
         """Post-import hook: advance every patch that was waiting for ``module``."""
-        work = _Work()
+        work = Work()
         first: Exception | None = None
         with self._abandoned_on_interrupt(work):
             with self._lock:
@@ -608,7 +399,7 @@ class Engine:
                             self._advance_safely(entry, f"on import of {module}", work, just_imported=module)
                         except Exception as exc:  # strict: recorded; raised once the others are decided
                             first = first or exc
-            self._carry_out_all(work)
+            jobs.carry_out_all(self, work)
         if first is not None:
             raise first
 
@@ -642,8 +433,10 @@ class Engine:
                 entry.set(State.REVERTED, detail="no longer waiting for import")
             return entry.record()
 
-    def _uninstall(self, entry: _Entry) -> None:
+    def _uninstall(self, entry: Entry) -> None:
         """Restore ``entry``'s originals and record the outcome (under the lock)."""
+        from .installer import uninstall_all  # imported already: something was installed
+
         try:
             uninstall_all(entry.patch.id, entry.installed)
         except ForeignWrapperError as exc:
@@ -679,6 +472,22 @@ class Engine:
         if errors:
             raise RevertError(errors)
 
+    # -- fork (see patchkit.runtime.forking) ----------------------------------------------------
+
+    def _hold_for_fork(self) -> None:
+        self._lock.acquire()
+
+    def _release_after_fork(self) -> None:
+        self._lock.release()
+
+    def _renew_in_child(self, thread: int) -> None:
+        """In a forked child, where only ``thread`` exists: a fresh lock, and no claim of a vanished
+        thread stands."""
+        self._lock = threading.RLock()
+        for entry in self._entries.values():
+            if entry.ticket is not None and entry.ticket.thread != thread:
+                entry.ticket = None
+
     # -- reporting ------------------------------------------------------------------------------
 
     def status(self, *patterns: str) -> list[PatchStatus]:
@@ -705,103 +514,3 @@ def warn(message: str) -> None:
     while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, PatchkitWarning, stacklevel=level)
-
-
-# -- post-import hooks ----------------------------------------------------------------------------
-# Post-import hooks (patchkit.runtime.hooks) fire once and cannot be unregistered, so at most one
-# is armed per module name; it dispatches to whichever engines are alive, and each engine ignores
-# modules it no longer waits for. A module whose import is in flight (in any thread, this one
-# included) is hooked too: the hook runs when that import finishes.
-
-_ENGINES: "weakref.WeakSet[Engine]" = weakref.WeakSet()
-_ARMED: set[str] = set()
-_WATCH_LOCK = threading.RLock()
-
-
-def _imported(module: str) -> bool:
-    """In ``sys.modules`` and done executing. A module that imports another target module is in
-    ``sys.modules`` while it still runs: installing then would find its attributes missing."""
-    found = sys.modules.get(module)
-    if found is None or not getattr(getattr(found, "__spec__", None), "_initializing", False):
-        return found is not None
-    from . import hooks  # only for a module flagged as importing: hooks settles one whose end was interrupted
-
-    return not hooks.initializing(found)
-
-
-def _watch(module: str) -> None:
-    """Call :func:`_dispatch` for ``module`` once it has finished importing: now if it has, when its
-    import in flight completes, or at its first import. Never called with an engine lock held."""
-    from . import hooks
-
-    with _WATCH_LOCK:
-        # Armed and still registered: nothing to do. (_ARMED alone can be stale when an interruption
-        # came between noting a module here and registering its hook.)
-        if module in _ARMED and hooks.is_watched(module):
-            return
-        waiting = not _imported(module)
-        if waiting:
-            _ARMED.add(module)
-    if not waiting:
-        _dispatch(module)
-        return
-
-    hooks.register(module, _on_import)  # runs it at once if the import finished meanwhile
-    if _imported(module):
-        # The import in flight ended between our look and the hook's arming: it will not fire.
-        # Dispatching twice is harmless (an engine ignores modules it no longer waits for).
-        _on_import(sys.modules[module])
-
-
-def _on_import(module: Any) -> None:
-    with _WATCH_LOCK:
-        _ARMED.discard(module.__name__)
-    _dispatch(module.__name__)
-
-
-def _dispatch(module: str) -> None:
-    """Never let a patch break the user's import, unless strict mode asked for exactly that."""
-    for engine in list(_ENGINES):
-        try:
-            engine._module_imported(module)
-        except Exception:
-            if engine._strict:
-                raise
-            logger.exception("patchkit: post-import hook for %s failed", module)
-
-
-# -- fork safety ----------------------------------------------------------------------------------
-
-
-def _before_fork() -> None:
-    # Take every lock, so no other thread is half-way through a change when the child's memory is
-    # copied; the same order as nowhere else nests them (see the module docstring).
-    _WATCH_LOCK.acquire()
-    for engine in list(_ENGINES):
-        engine._lock.acquire()
-
-
-def _after_fork_in_parent() -> None:
-    for engine in list(_ENGINES):
-        engine._lock.release()
-    _WATCH_LOCK.release()
-
-
-def _after_fork_in_child() -> None:
-    # Only the forking thread exists here: fresh locks, and no claim of a vanished thread stands.
-    global _WATCH_LOCK
-    _WATCH_LOCK = threading.RLock()
-    hooks: Any = sys.modules.get(f"{__package__}.hooks")
-    if hooks is not None:  # the hook registry's lock, held briefly by register() in any thread
-        hooks._lock = threading.RLock()
-    me = threading.get_ident()
-    for engine in list(_ENGINES):
-        engine._lock = threading.RLock()
-        for entry in engine._entries.values():
-            if entry.ticket is not None and entry.ticket.thread != me:
-                entry.ticket = None
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
-                        after_in_child=_after_fork_in_child)

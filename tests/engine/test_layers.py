@@ -112,3 +112,40 @@ def test_apply_all_with_extra_patches_loads_only_the_runtime(tmp_path: Path) -> 
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+#: The runtime's machinery that acts on a decision: keeps the registry, imports, installs, hears of
+#: imports and forks (docs/architecture.md, "Inside the runtime").
+ACTING = ("patchkit.runtime.engine", "patchkit.runtime.entries", "patchkit.runtime.jobs", "patchkit.runtime.installer",
+          "patchkit.runtime.import_watch", "patchkit.runtime.hooks", "patchkit.runtime.forking",
+          "patchkit.runtime.interrupts", "patchkit.runtime.process_engine")
+
+
+@pytest.mark.parametrize("name", ["patchkit.runtime.decision", "patchkit.runtime.gating"])
+def test_the_decision_imports_none_of_the_machinery_that_acts_on_it(name: str) -> None:
+    # The decision is pure: table-tested from facts alone (tests/engine/test_decisions.py).
+    wrong = [f"line {line}: {module}" for line, module in imports(*_modules(name)) if module in ACTING]
+    assert not wrong, f"{name} imports: {wrong}"
+
+
+@pytest.mark.parametrize("name", ["patchkit.runtime.import_watch", "patchkit.runtime.forking",
+                                  "patchkit.runtime.hooks"])
+def test_import_dispatch_and_fork_handling_know_no_engine(name: str) -> None:
+    # They reach engines through what each one registered (import_watch.listen, forking.guard): the
+    # engine depends on them, never the other way round.
+    engine_side = ("patchkit.runtime.engine", "patchkit.runtime.entries", "patchkit.runtime.jobs",
+                   "patchkit.runtime.process_engine")
+    wrong = [f"line {line}: {module}" for line, module in imports(*_modules(name)) if module in engine_side]
+    assert not wrong, f"{name} imports: {wrong}"
+
+
+def test_apply_all_that_installs_nothing_loads_neither_the_installer_nor_the_drift_check() -> None:
+    # Start-up with the upstreams installed but not imported: every patch waits or is skipped.
+    code = ("import sys, patchkit; patchkit.apply_all(); print(sorted(m for m in sys.modules if m in "
+            "('patchkit.runtime.installer', 'patchkit.runtime.drift', 'patchkit.runtime.fpcache', "
+            "'patchkit.runtime.fingerprint', 'patchkit.runtime._recorded')))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PACKAGE.parent), os.environ.get("PYTHONPATH", "")])}
+    env.pop("PATCHKIT_AUTOLOAD", None)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

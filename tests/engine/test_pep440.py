@@ -60,3 +60,13 @@ def test_malformed_versions_are_refused_like_packaging(text: str) -> None:
 def test_malformed_specifiers_are_refused(spec: str) -> None:
     with pytest.raises(pep440.InvalidSpecifier if spec != "==abc" else pep440.InvalidVersion):
         pep440.SpecifierSet(spec).contains("1.0")
+
+
+def test_the_plain_form_parses_as_the_full_pattern_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Start-up reads plain versions (0.19.2, 0.14.0rc0) without compiling the full pattern: same Version.
+    plain = [text for text in VERSIONS + [" 0.19.2 ", "10.200.3000", "1.0b0", "2.0a12"]
+             if pep440._PLAIN.fullmatch(text.strip())]
+    assert len(plain) > 15
+    fast = [pep440.parse(text) for text in plain]
+    monkeypatch.setattr(pep440, "_PLAIN", __import__("re").compile(r"(?!)"))  # never matches: the full pattern
+    assert fast == [pep440.parse(text) for text in plain]

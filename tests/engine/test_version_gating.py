@@ -325,3 +325,20 @@ def test_a_dotted_version_module_is_looked_up_without_importing_its_parents(tmp_
     assert not _module_findable("pk_namespace_parent.inner.missing")
     assert not _module_findable("pk_no_such_top.sub")
     assert not {"pk_heavy_parent", "pk_namespace_parent"} & set(sys.modules)
+
+
+def test_one_pass_reads_each_distributions_version_once_and_the_next_pass_reads_it_again(
+        engine, make_upstream, monkeypatch):
+    # Start-up: most patches of a family ask for the same distribution, each answer a sys.path search.
+    from patchkit.runtime import entries
+
+    up = make_upstream("2.0")
+    engine.register_all([two_variant_patch(up)._replace(id=f"toy.forward{n}") for n in range(5)])
+    asked: list[str] = []
+    real = entries.installed_version
+    monkeypatch.setattr(entries, "installed_version", lambda dist, module: asked.append(dist) or real(dist, module))
+    engine.apply_all()
+    assert asked == [up.dist]
+    engine.revert_all()
+    engine.apply_all()
+    assert asked == [up.dist, up.dist]

@@ -1,0 +1,135 @@
+"""What the engine holds for each patch, and the units of work one locked pass hands to the next step.
+
+An :class:`Entry` is a patch's mutable record in one engine: its state and why, the variant chosen,
+what is installed now, and the :class:`Ticket` of the thread installing it. Every field is read and
+written under the engine's lock. A :class:`Work` collects what a locked pass decided (installs to
+carry out, modules to watch) so that it is done after the lock is released.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING, NamedTuple
+
+from .catalogue import Registered
+from .decision import Decision
+from .declaration import Patch, Variant
+from .errors import DeclarationError, DriftError, PatchInstallError
+from .settings import Settings
+from .status import PatchStatus, Reason, State
+from .versions import InstalledVersion, installed_version
+
+if TYPE_CHECKING:  # the installer is imported by the first install, not at start-up
+    from .installer import Installed, Registration
+
+logger = logging.getLogger("patchkit")
+
+
+class Ticket:
+    """A claim on one patch's installation, held by the thread doing it (see :mod:`.engine`)."""
+
+    __slots__ = ("thread",)
+
+    def __init__(self) -> None:
+        self.thread = threading.get_ident()
+
+
+class Entry:
+    """What the engine knows and holds for one patch (mutable, guarded by the engine's lock)."""
+
+    __slots__ = ("registered", "state", "reason", "detail", "variant", "versions", "error", "waiting_for",
+                 "installed", "settings", "ticket")
+
+    def __init__(self, registered: Registered) -> None:
+        self.registered = registered
+        self.state = State.REGISTERED
+        self.reason: Reason | None = None
+        self.detail = ""
+        self.variant: Variant | None = None
+        self.versions: dict[str, str | None] = {}
+        self.error: str | None = None
+        self.waiting_for: tuple[str, ...] = ()
+        #: What is installed now. Non-empty in state FAILED too when a rollback could not undo a step:
+        #: revert() retries it.
+        self.installed: list[Installed | Registration] = []
+        self.settings = Settings()
+        self.ticket: Ticket | None = None
+
+    @property
+    def patch(self) -> Patch:
+        return self.registered.patch
+
+    def set(self, state: State, reason: Reason | None = None, detail: str = "", error: str | None = None) -> None:
+        self.state, self.reason, self.detail, self.error = state, reason, detail, error
+        if state is not State.PENDING:
+            self.waiting_for = ()
+
+    def fail(self, context: str, exc: BaseException) -> None:
+        """Record (and log) that this patch failed ``context`` with ``exc``."""
+        error = str(exc) if isinstance(exc, (DeclarationError, PatchInstallError, DriftError)) else repr(exc)
+        self.set(State.FAILED, detail=context, error=error)
+        logger.error("patchkit: %s failed %s: %s", self.patch.id, context, error)
+
+    def displaced(self) -> list[str]:
+        """The targets of an installed patch that no longer hold its objects (see ``Installed.is_displaced``)."""
+        if not self.state.installed or not self.installed:
+            return []
+        from .installer import Installed  # imported already: the install that filled the list used it
+
+        return [item.target for item in self.installed if isinstance(item, Installed) and item.is_displaced()]
+
+    def record(self) -> PatchStatus:
+        variant = self.variant
+        targets = tuple(str(t) for action in variant.installs for t in action.targets) if variant else ()
+        state, reason, detail = self.state, self.reason, self.detail
+        displaced = self.displaced()
+        if displaced:
+            state, reason = State.DISPLACED, None
+            detail = (f"no longer in effect at {', '.join(displaced)}: the module was reloaded or imported again "
+                      f"after the patch was installed; apply_all() installs it again")
+        return PatchStatus(
+            id=self.patch.id,
+            state=state,
+            reason=reason,
+            detail=detail,
+            variant=variant.name if variant else None,
+            versions=dict(self.versions),
+            error=self.error,
+            targets=targets,
+            waiting_for=self.waiting_for if self.state is State.PENDING else (),
+        )
+
+
+class Job(NamedTuple):
+    """An installation decided under the lock, carried out by :func:`.jobs.carry_out`."""
+
+    entry: Entry
+    ticket: Ticket
+    decision: Decision
+
+    @property
+    def variant(self) -> Variant:
+        assert self.decision.variant is not None
+        return self.decision.variant
+
+
+class Work:
+    """What one locked pass decided and must be done after releasing the lock, and the installed
+    versions it read (once per distribution and pass: most patches of a family ask for the same one,
+    and each answer costs a search of ``sys.path``)."""
+
+    __slots__ = ("jobs", "watch", "versions")
+
+    def __init__(self) -> None:
+        self.jobs: list[Job] = []
+        self.watch: list[str] = []
+        self.versions: dict[tuple[str, str | None], InstalledVersion] = {}
+
+    def installed_version(self, distribution: str, module: str | None) -> InstalledVersion:
+        """:func:`.versions.installed_version`, read once in this pass."""
+        key = (distribution, module)
+        found = self.versions.get(key)
+        if found is None:
+            found = self.versions[key] = installed_version(distribution, module)
+        return found
