@@ -53,3 +53,18 @@ class UnsupportedQuantizationError(RefitError):
         super().__init__(message, layer=layer, expected=supported, got=method)
         self.method = method
         self.supported = supported
+
+
+class RefitDeviceError(RefitError):
+    """A refit tensor holds no data: it is on the ``meta`` device (made under ``torch.device("meta")``,
+    or by a lazy exporter that never materialised it). Raised by the parameter's weight loader before
+    vLLM's own runs, so nothing is read from it or written; the refit is rolled back like any other.
+
+    Refit tensors on a device that holds data go to vLLM's loaders unchanged; their ``copy_`` moves
+    them onto the parameter's device, as when vLLM reads a checkpoint. ``device`` is the refit
+    tensor's device.
+    """
+
+    def __init__(self, message: str, *, layer: str, parameter: str, expected: str, got: str, device: str) -> None:
+        super().__init__(message, layer=layer, parameter=parameter, expected=expected, got=got)
+        self.device = device

@@ -46,7 +46,7 @@ import torch
 from . import _refit_plain, _refit_writes
 from ._errors import RefitError, RefitInProgressError, UnsupportedQuantizationError
 from ._refit_commit import CommitUndo
-from ._refit_loaders import counting_loader, get_loader, set_loader
+from ._refit_loaders import counting_loader, get_loader, refuse_without_data, set_loader
 from ._refit_session import claimed
 from ._refit_signals import SignalWindow
 from ._refit_state import (
@@ -174,7 +174,7 @@ def _checked_counting_loader(
         name,
         log_of,
         capacity,
-        check=functools.partial(_check_dtype, layer_name, name, dtype),
+        check=functools.partial(_check_tensor, layer_name, name, dtype),
         on_error=_loader_error(layer_name, name),
     )
 
@@ -191,6 +191,14 @@ def _loader_error(layer_name: str, name: str) -> Callable[[torch.Tensor, torch.T
         )
 
     return error
+
+
+def _check_tensor(
+    layer_name: str, name: str, dtype: torch.dtype, target: torch.Tensor, loaded_weight: torch.Tensor
+) -> None:
+    """Refuse a refit tensor without data (``RefitDeviceError``) or of the wrong dtype, before the loader runs."""
+    refuse_without_data(layer_name, name, target, loaded_weight)
+    _check_dtype(layer_name, name, dtype, target, loaded_weight)
 
 
 def _check_dtype(

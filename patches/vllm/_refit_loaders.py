@@ -1,4 +1,5 @@
-"""Weight-loader wrappers that count what vLLM's loaders write during a refit (``_refit_writes``)."""
+"""Weight-loader wrappers that count what vLLM's loaders write during a refit (``_refit_writes``), and
+the check every refit loader makes of the incoming tensor before vLLM's loader sees it."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import Any
 
 import torch
 
-from ._refit_state import LoadLog
+from ._errors import RefitDeviceError
+from ._refit_state import LoadLog, describe_tensor
 from ._refit_writes import WriteCounter
 
 # What a vLLM loader raises for a tensor it cannot place (shape asserts, narrow/copy errors).
@@ -34,8 +36,7 @@ def counting_loader(
 
     @functools.wraps(original)
     def loader(*args: Any, **kwargs: Any) -> Any:
-        # Destination and incoming tensor come first; almost every caller passes them positionally.
-        target, loaded_weight = args[:2] if len(args) >= 2 else _first_two(original, args, kwargs)
+        target, loaded_weight = loader_arguments(original, args, kwargs)
         if check is not None:
             check(target, loaded_weight)
         try:
@@ -49,6 +50,36 @@ def counting_loader(
         return result
 
     return loader
+
+
+def loader_arguments(loader: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    """The destination and the incoming tensor of a call to the weight loader ``loader``."""
+    # They come first; almost every caller passes them positionally.
+    return (args[0], args[1]) if len(args) >= 2 else _first_two(loader, args, kwargs)
+
+
+def refuse_without_data(layer_name: str, name: str, target: torch.Tensor, loaded_weight: Any) -> None:
+    """Raise :class:`RefitDeviceError` for a refit tensor that holds no data (``meta``).
+
+    Any other device is loaded: vLLM's loaders ``copy_`` across devices, as when vLLM reads a
+    checkpoint (host tensors into GPU parameters). A meta tensor would fail somewhere inside vLLM's
+    loader, with whatever its first read of the tensor raises (``copy_``'s bare
+    ``NotImplementedError``, ``.item()``'s ``RuntimeError``) and after whatever it did before that
+    read, so it is refused here, by name, before the loader runs.
+    """
+    if not (isinstance(loaded_weight, torch.Tensor) and loaded_weight.is_meta):
+        return
+    expected = f"{describe_tensor(target)} on {target.device}"
+    got = f"{describe_tensor(loaded_weight)} on meta"
+    raise RefitDeviceError(
+        f"refit of layer {layer_name!r}: parameter {name!r} is {expected} but the refit tensor is {got}: it"
+        " holds no data to load; materialise it (on the host or any GPU) before the refit",
+        layer=layer_name,
+        parameter=name,
+        expected=expected,
+        got=got,
+        device=str(loaded_weight.device),
+    )
 
 
 def _first_two(loader: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from ._refit_loaders import get_loader
+from ._refit_loaders import get_loader, loader_arguments, refuse_without_data
 
 #: where the guard of a prepared refit lives on the model
 GUARD_ATTR = "_patchkit_plain_refit_guard"
@@ -52,13 +52,15 @@ class PlainGuard:
     backups: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     _saved: set[int] = field(default_factory=set)
 
-    def wrap(self, tensor: torch.Tensor) -> None:
+    def wrap(self, tensor: torch.Tensor, layer_name: str, name: str) -> None:
         original_loader = get_loader(tensor)
         key = "_weight_loader" if "_weight_loader" in tensor.__dict__ else "weight_loader"
         self.wrapped.append(_WrappedLoader(tensor, key, tensor.__dict__.get(key, _MISSING)))
 
         @functools.wraps(original_loader)
         def backing_up_loader(*args: Any, **kwargs: Any) -> Any:
+            # Before the copy aside, before vLLM's loader: a meta tensor is refused unread.
+            refuse_without_data(layer_name, name, tensor, loader_arguments(original_loader, args, kwargs)[1])
             self.save(tensor)
             return original_loader(*args, **kwargs)
 
@@ -101,25 +103,26 @@ def guard(model: torch.nn.Module, staged: Iterable[torch.Tensor]) -> PlainGuard:
     skip = {id(t) for t in staged}
     result = PlainGuard()
     try:
-        for tensor in _loadable_tensors(model):
+        for layer_name, name, tensor in _loadable_tensors(model):
             if id(tensor) not in skip:
                 skip.add(id(tensor))  # tied weights: one wrapper, one copy
-                result.wrap(tensor)
+                result.wrap(tensor, layer_name, name)
     except BaseException:
         result.release()
         raise
     return result
 
 
-def _loadable_tensors(model: torch.nn.Module) -> Iterator[torch.Tensor]:
-    """Parameters and persistent buffers: what ``AutoWeightsLoader`` may write."""
-    for module in model.modules():
-        for param in module._parameters.values():
+def _loadable_tensors(model: torch.nn.Module) -> Iterator[tuple[str, str, torch.Tensor]]:
+    """Parameters and persistent buffers, with their module's name and their own: what
+    ``AutoWeightsLoader`` may write."""
+    for layer_name, module in model.named_modules():
+        for name, param in module._parameters.items():
             if param is not None:
-                yield param
+                yield layer_name, name, param
         for name, buffer in module._buffers.items():
             if buffer is not None and name not in module._non_persistent_buffers_set:
-                yield buffer
+                yield layer_name, name, buffer
 
 
 def install(model: torch.nn.Module, plain: PlainGuard) -> None:

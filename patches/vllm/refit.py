@@ -31,7 +31,9 @@ docs/vllm-refit.md tells the whole story.
 Errors are :class:`RefitError` and leave every layer serving the weights it served before. A model
 with a layer of a quantization method patchkit cannot refit (anything but unquantized layers, KV-cache
 scales and the recorded ModelOpt NVFP4 and FP8 methods) is refused whole, before any write, with
-:class:`UnsupportedQuantizationError` naming the layer and its method.
+:class:`UnsupportedQuantizationError` naming the layer and its method. Refit tensors go to vLLM's
+loaders on whatever device they are (their ``copy_`` moves them onto the parameter's); one on the
+``meta`` device holds no data and is refused with :class:`RefitDeviceError` before its loader runs.
 Each call claims the model: a second thread refitting the same model meanwhile gets
 :class:`RefitInProgressError` at once. SIGINT and SIGTERM (with a Python handler) are held while a
 call changes the model and delivered once it is consistent: an interrupted refit leaves the model
@@ -50,11 +52,11 @@ if TYPE_CHECKING:
     import torch
 
 from ._constants import REFIT_PATCH_ID
-from ._errors import RefitError, RefitInProgressError, UnsupportedQuantizationError
+from ._errors import RefitDeviceError, RefitError, RefitInProgressError, UnsupportedQuantizationError
 
 __all__ = [
-    "RefitError", "RefitInProgressError", "UnsupportedQuantizationError", "prepare_refit", "finish_refit",
-    "abort_refit", "refit", "refit_weights", "refit_mode",
+    "RefitError", "RefitInProgressError", "UnsupportedQuantizationError", "RefitDeviceError", "prepare_refit",
+    "finish_refit", "abort_refit", "refit", "refit_weights", "refit_mode",
 ]
 
 #: The patch whose state ``refit_mode`` reports (defined in the ``_constants`` leaf).
@@ -124,8 +126,9 @@ def refit_weights(
     layers, vLLM's ``AutoWeightsLoader``.
 
     All-or-nothing, after a real first load or a ``load_format="dummy"`` start alike: a tensor of
-    the wrong shape or dtype, a parameter left out, or a name the model does not have raises
-    :class:`RefitError` naming the layer and parameter, and every layer keeps its previous weights.
+    the wrong shape or dtype, one on the ``meta`` device (:class:`RefitDeviceError`), a parameter
+    left out, or a name the model does not have raises :class:`RefitError` naming the layer and
+    parameter, and every layer keeps its previous weights.
     """
     _backend().refit_weights(model, weights, load_weights)
 

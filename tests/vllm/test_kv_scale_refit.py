@@ -13,7 +13,7 @@ import itertools
 import pytest
 import torch
 from nvfp4_helpers import exact_activations, items, linear_checkpoint, linear_reference, process_weights_after_loading
-from patchkit.patches.vllm.refit import RefitError, refit
+from patchkit.patches.vllm.refit import RefitDeviceError, RefitError, refit
 
 _model_numbers = itertools.count()  # attention layers register by name in vLLM's forward context
 
@@ -122,6 +122,19 @@ def test_bad_kv_scale_is_refused_and_scales_kept(nvfp4_refit_patch: None) -> Non
             model.load_weights(items(weights))
     assert (caught.value.layer, caught.value.parameter) == (ATTN, "k_scale")
     assert "(2,) torch.float32" in str(caught.value)
+    assert scales(model) == (0.5, 0.25, 0.5, 0.25)
+    assert_linear_serves(model, linear(0))
+
+
+def test_a_kv_scale_on_the_meta_device_is_refused_and_scales_kept(nvfp4_refit_patch: None) -> None:
+    """A KV-cache scale without data (meta), after the linear layer's tensors: refused by name, nothing changed."""
+    model = loaded_model()
+    weights = {**linear(1), **kv_scales(2.0, 4.0)}
+    weights["layers.0.self_attn.v_proj.v_scale"] = torch.tensor(4.0, device="meta")
+    with pytest.raises(RefitDeviceError) as caught:
+        with refit(model):
+            model.load_weights(items(weights))
+    assert (caught.value.layer, caught.value.parameter, caught.value.device) == (ATTN, "v_scale", "meta")
     assert scales(model) == (0.5, 0.25, 0.5, 0.25)
     assert_linear_serves(model, linear(0))
 

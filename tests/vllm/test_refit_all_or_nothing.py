@@ -26,7 +26,14 @@ from moe_helpers import checkpoint as moe_checkpoint
 from nvfp4_helpers import assert_same_kernel_state, bits, items, kernel_state, linear_checkpoint
 from patchkit.patches.vllm import _refit_impl, _refit_plain, _refit_writes
 from patchkit.patches.vllm._refit_loaders import set_loader
-from patchkit.patches.vllm.refit import RefitError, abort_refit, prepare_refit, refit, refit_weights
+from patchkit.patches.vllm.refit import (
+    RefitDeviceError,
+    RefitError,
+    abort_refit,
+    prepare_refit,
+    refit,
+    refit_weights,
+)
 
 VOCAB, HIDDEN, INNER = 96, 64, 32
 
@@ -195,12 +202,63 @@ def test_an_exception_inside_a_vllm_loader_after_it_wrote_is_undone(refitted_a: 
 
 
 def test_an_exception_inside_a_staged_nvfp4_loader_is_undone(refitted_a: MixedModel) -> None:
-    """A meta tensor of the right shape and dtype: vLLM's loader's own ``copy_`` raises."""
+    """A meta tensor of the right shape and dtype (refused by the staged loader, below) is undone."""
     before = kernel_state(refitted_a)
     weights = [(n, torch.empty_like(t, device="meta") if n == "down.weight" else t) for n, t in B]
     with pytest.raises(RefitError):
         refit_weights(refitted_a, iter(weights))
     assert_same_kernel_state(refitted_a, before)
+
+
+#: A staged NVFP4 parameter, an NVFP4 MoE expert's, and plain tensors vLLM's loaders write in place:
+#: checkpoint name -> the layer and parameter the error names (the MoE layer is ``moe.experts`` on 0.24,
+#: ``moe.experts.routed_experts`` from the MoE factory of 0.25 on).
+META_TARGETS = {
+    "down.weight": ("down", "weight"),
+    "moe.experts.1.up_proj.weight_scale": ("moe.experts", "w13_weight_scale"),
+    "embed.weight": ("embed", "weight"),
+    "dense.bias": ("dense", "bias"),
+}
+
+
+@pytest.mark.parametrize("call", ["refit_weights", "with-refit"])
+@pytest.mark.parametrize("target", list(META_TARGETS))
+def test_a_meta_tensor_is_refused_by_name_and_the_refit_changes_nothing(refitted_a: MixedModel, target: str,
+                                                                        call: str) -> None:
+    """A CPU model given a refit tensor on the meta device (no data), last, after every other tensor of B
+    was written: RefitDeviceError naming the layer and parameter, and every tensor keeps A's bytes."""
+    before = kernel_state(refitted_a)
+    weights = [(n, t) for n, t in B if n != target] + [(target, torch.empty_like(dict(B)[target], device="meta"))]
+    with pytest.raises(RefitDeviceError) as caught:
+        if call == "refit_weights":
+            refit_weights(refitted_a, iter(weights))
+        else:
+            with refit(refitted_a):
+                refitted_a.load_weights(iter(weights))
+    layer, parameter = META_TARGETS[target]
+    assert caught.value.layer in (layer, f"{layer}.routed_experts") and caught.value.parameter == parameter
+    assert caught.value.device == "meta" and "meta" in caught.value.got
+    assert isinstance(caught.value, RefitError)
+    assert_same_kernel_state(refitted_a, before)
+
+
+def test_a_meta_tensor_never_reaches_vllms_loader(refitted_a: MixedModel) -> None:
+    """Refused before the parameter's own loader runs: vLLM's loader never sees it."""
+    param = refitted_a.get_parameter("dense.bias")
+    original, seen = param.weight_loader, []
+
+    def recording(target: torch.Tensor, loaded_weight: torch.Tensor, *args: object) -> object:
+        seen.append(loaded_weight.device.type)
+        return original(target, loaded_weight, *args)
+
+    param.weight_loader = recording
+    weights = [(n, torch.empty_like(t, device="meta") if n == "dense.bias" else t) for n, t in B]
+    try:
+        with pytest.raises(RefitDeviceError):
+            refit_weights(refitted_a, iter(weights))
+    finally:
+        param.weight_loader = original
+    assert seen == []
 
 
 class Interrupted(BaseException):
