@@ -471,7 +471,7 @@ def _refuse_unrefittable_layers(model: torch.nn.Module) -> None:
         if STATE_ATTR in module.__dict__ or loads_in_place(method):
             continue
         described = describe_method(module, method)
-        patch_id = recording_patch(method)
+        patch_id = recording_patch(method, module)
         if patch_id is not None:
             raise RefitError(
                 f"layer {name!r} ({described}) was processed before patchkit recorded"
