@@ -19,7 +19,16 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import torch
-from ct_nvfp4_helpers import CtLinears, CtMoe, linear_checkpoint, moe_checkpoint
+from ct_nvfp4_helpers import (
+    FP8_KV_CACHE,
+    HIDDEN,
+    INTERMEDIATE,
+    CtLinears,
+    CtMoe,
+    ct_nvfp4_config,
+    linear_checkpoint,
+    moe_checkpoint,
+)
 from nvfp4_helpers import assert_same_kernel_state, bits, dummy_started, items, kernel_state, process_weights_after_loading
 from patchkit.patches.vllm.refit import RefitError, UnsupportedQuantizationError, refit, refit_weights
 
@@ -194,3 +203,66 @@ def test_other_compressed_tensors_schemes_pass_through_unrecorded(ct_nvfp4_refit
     assert CREATED_ATTR not in vars(model.quantized)
     with pytest.raises(UnsupportedQuantizationError, match=r"'quantized' uses .*CompressedTensorsWNA16"):
         refit_weights(model, iter([]))
+
+
+# --- KV-cache scales beside compressed-tensors NVFP4 layers ----------------------------------------
+
+
+class CtAttentionModel(torch.nn.Module):
+    """A compressed-tensors NVFP4 projection and one attention layer with the checkpoint's FP8 KV cache
+    (``kv_cache_scheme``: vLLM gives the attention layer ``CompressedTensorsKVCacheMethod``)."""
+
+    def __init__(self) -> None:
+        from test_kv_scale_refit import SelfAttention
+        from vllm.model_executor.layers.linear import RowParallelLinear
+
+        super().__init__()
+        config = ct_nvfp4_config(a16=False, kv_cache_scheme=FP8_KV_CACHE)
+        self.down = RowParallelLinear(INTERMEDIATE, HIDDEN, bias=False, quant_config=config, prefix="down",
+                                      params_dtype=torch.bfloat16)
+        self.layers = torch.nn.ModuleList([torch.nn.Module()])
+        self.layers[0].self_attn = SelfAttention(config)
+
+    def load_weights(self, weights: Iterator[tuple[str, torch.Tensor]]) -> set[str]:
+        from vllm.model_executor.models.utils import AutoWeightsLoader
+
+        return AutoWeightsLoader(self).load_weights(weights)  # type: ignore[no-any-return]
+
+
+def _down_and_kv_scales(seed: int, k: float, v: float) -> dict[str, torch.Tensor]:
+    down = {name: tensor for name, tensor in linear_checkpoint(False, seed).items() if name.startswith("down.")}
+    return {**down, "layers.0.self_attn.attn.k_scale": torch.tensor(k), "layers.0.self_attn.attn.v_scale": torch.tensor(v)}
+
+
+def test_kv_scales_beside_compressed_tensors_layers_are_refitted_in_the_same_buffers(
+    ct_nvfp4_refit_patch: None,
+) -> None:
+    from test_kv_scale_refit import buffer_ptrs, scales
+    from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import (
+        CompressedTensorsKVCacheMethod,
+    )
+
+    model = CtAttentionModel()
+    attn = model.layers[0].self_attn.attn
+    assert isinstance(attn.quant_method, CompressedTensorsKVCacheMethod)
+    model.load_weights(items(_down_and_kv_scales(1, 0.5, 0.25)))
+    process_weights_after_loading(model)
+    kernel_ptrs = {n: p.data_ptr() for n, p in model.down.named_parameters()}
+    # 0.24/0.29 leave the scales as parameters of the attention layer (``layer._k_scale = layer.k_scale``)
+    ptrs = {n: t.data_ptr() for n, t in [*attn.named_buffers(), *attn.named_parameters()]}
+    names = {n for n, _ in attn.named_parameters()}
+    for step, (k, v) in enumerate(((2.0, 4.0), (1.5, 0.75))):
+        weights = _down_and_kv_scales(step + 2, k, v)
+        refit_weights(model, items(weights))
+        assert scales(model) == (k, v, k, v)
+        assert {n: t.data_ptr() for n, t in [*attn.named_buffers(), *attn.named_parameters()]} == ptrs
+        reference = CtAttentionModel()
+        reference.load_weights(items(weights))
+        process_weights_after_loading(reference)
+        for name, tensor in reference.down.named_parameters():
+            assert torch.equal(bits(getattr(model.down, name)), bits(tensor)), name
+        assert {n: p.data_ptr() for n, p in model.down.named_parameters()} == kernel_ptrs
+    # a refit without KV scales keeps the ones in use and leaves no placeholder (zero points) behind
+    refit_weights(model, items({n: t for n, t in _down_and_kv_scales(5, 0, 0).items() if "attn" not in n}))
+    assert scales(model) == (1.5, 0.75, 1.5, 0.75)
+    assert {n for n, _ in attn.named_parameters()} == names

@@ -32,7 +32,11 @@ HIDDEN, INTERMEDIATE, EXPERTS = 128, 64, 4
 _numbers = itertools.count()  # vLLM registers MoE layers by prefix in the process-wide context
 
 
-def ct_nvfp4_config(a16: bool) -> object:
+#: a ``kv_cache_scheme`` as llm-compressor writes it for an FP8 KV cache with static per-tensor scales
+FP8_KV_CACHE = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
+
+
+def ct_nvfp4_config(a16: bool, kv_cache_scheme: dict[str, object] | None = None) -> object:
     """vLLM's compressed-tensors config for an NVFP4 (W4A4) or NVFP4A16 (W4A16) checkpoint."""
     from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import (
         CompressedTensorsConfig,
@@ -44,6 +48,7 @@ def ct_nvfp4_config(a16: bool) -> object:
     return CompressedTensorsConfig.from_config({
         "quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "ignore": [],
         "config_groups": {"group_0": {"targets": ["Linear"], "weights": fp4, "input_activations": activations}},
+        "kv_cache_scheme": kv_cache_scheme,
     })
 
 
