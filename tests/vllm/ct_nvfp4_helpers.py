@@ -15,5 +15,5 @@ from patchkit.patches.vllm._checks._ct_nvfp4_checkpoint import (
     moe_checkpoint,
 )
 
-__all__ = ["EXPERTS", "FP8_KV_CACHE", "HIDDEN", "INTERMEDIATE", "CtLinears", "CtMoe", "ct_nvfp4_config", "linear_checkpoint",
-           "moe_checkpoint"]
+__all__ = ["EXPERTS", "FP8_KV_CACHE", "HIDDEN", "INTERMEDIATE", "CtLinears", "CtMoe", "ct_nvfp4_config",
+           "linear_checkpoint", "moe_checkpoint"]

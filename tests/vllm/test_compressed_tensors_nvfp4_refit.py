@@ -29,7 +29,14 @@ from ct_nvfp4_helpers import (
     linear_checkpoint,
     moe_checkpoint,
 )
-from nvfp4_helpers import assert_same_kernel_state, bits, dummy_started, items, kernel_state, process_weights_after_loading
+from nvfp4_helpers import (
+    assert_same_kernel_state,
+    bits,
+    dummy_started,
+    items,
+    kernel_state,
+    process_weights_after_loading,
+)
 from patchkit.patches.vllm.refit import RefitError, UnsupportedQuantizationError, refit, refit_weights
 
 PATCH = "vllm.compressed_tensors_nvfp4_refit"
@@ -231,13 +238,14 @@ class CtAttentionModel(torch.nn.Module):
 
 def _down_and_kv_scales(seed: int, k: float, v: float) -> dict[str, torch.Tensor]:
     down = {name: tensor for name, tensor in linear_checkpoint(False, seed).items() if name.startswith("down.")}
-    return {**down, "layers.0.self_attn.attn.k_scale": torch.tensor(k), "layers.0.self_attn.attn.v_scale": torch.tensor(v)}
+    attn = "layers.0.self_attn.attn"
+    return {**down, f"{attn}.k_scale": torch.tensor(k), f"{attn}.v_scale": torch.tensor(v)}
 
 
 def test_kv_scales_beside_compressed_tensors_layers_are_refitted_in_the_same_buffers(
     ct_nvfp4_refit_patch: None,
 ) -> None:
-    from test_kv_scale_refit import buffer_ptrs, scales
+    from test_kv_scale_refit import scales
     from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import (
         CompressedTensorsKVCacheMethod,
     )
