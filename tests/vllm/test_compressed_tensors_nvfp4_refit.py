@@ -274,3 +274,47 @@ def test_kv_scales_beside_compressed_tensors_layers_are_refitted_in_the_same_buf
     refit_weights(model, items({n: t for n, t in _down_and_kv_scales(5, 0, 0).items() if "attn" not in n}))
     assert scales(model) == (1.5, 0.75, 1.5, 0.75)
     assert {n for n, _ in attn.named_parameters()} == names
+
+
+# --- vLLM's own layerwise reload (reload_weights, vLLM #32133): why no range is declared native ---
+
+
+def _natively_loaded(kind: str) -> torch.nn.Module:
+    from vllm.model_executor.model_loader import reload
+
+    model = KINDS[kind][0]()
+    reload.record_metadata_for_reloading(model)  # vLLM's initialize_model does this at build time
+    model.load_weights(items(KINDS[kind][1](1)))
+    process_weights_after_loading(model)
+    return model
+
+
+def _native_reload(model: torch.nn.Module, checkpoint: dict[str, torch.Tensor], vllm_config: object) -> None:
+    from vllm.model_executor.model_loader import reload
+
+    reload.initialize_layerwise_reload(model)
+    model.load_weights(items(checkpoint))
+    reload.finalize_layerwise_reload(model, vllm_config.model_config)
+
+
+def test_native_reload_serves_good_compressed_tensors_nvfp4_linear_weights(
+    kernels: None, vllm_config: object
+) -> None:
+    """Upstream does the good path for W4A4 linear layers: a reload equals a first load."""
+    model = _natively_loaded("linear-w4a4")
+    checkpoint = KINDS["linear-w4a4"][1](2)
+    _native_reload(model, checkpoint, vllm_config)
+    assert_same_as_first_load(model, first_load("linear-w4a4", checkpoint))
+
+
+def test_native_reload_with_a_wrong_shape_breaks_the_compressed_tensors_nvfp4_linear_layer(
+    kernels: None, vllm_config: object
+) -> None:
+    """A refit tensor of the wrong shape: an error naming no layer, and the layer cannot serve any more."""
+    model = _natively_loaded("linear-w4a4")
+    bad = KINDS["linear-w4a4"][1](2)
+    _wrong_shape(bad)
+    with pytest.raises(Exception) as caught:
+        _native_reload(model, bad, vllm_config)
+    assert "down" not in str(caught.value)
+    assert any(p.is_meta for p in model.down.parameters())
