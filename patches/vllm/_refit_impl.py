@@ -46,6 +46,7 @@ import torch
 from . import _refit_plain, _refit_writes
 from ._errors import RefitError, RefitInProgressError, UnsupportedQuantizationError
 from ._refit_commit import CommitUndo
+from ._refit_kv_slots import ServedScales
 from ._refit_loaders import counting_loader, get_loader, refuse_without_data, set_loader
 from ._refit_session import claimed
 from ._refit_signals import SignalWindow
@@ -67,6 +68,8 @@ logger = logging.getLogger(__name__)
 _KV_STAGING_ATTR = "_patchkit_kv_refit_staging"
 _WRITES_ATTR = "_patchkit_refit_write_counting"  #: the refit's hold on _refit_writes
 _KV_SCALE_NAMES = ("q_scale", "k_scale", "v_scale", "prob_scale")
+#: placeholders compressed-tensors' KV-cache method registers beside the scales (symmetric only: unread)
+_KV_ZERO_POINT_NAMES = ("q_zero_point", "k_zero_point", "v_zero_point")
 _EXACT_DTYPES = frozenset({torch.uint8, torch.int8, torch.float8_e4m3fn, torch.float8_e5m2})
 
 
@@ -247,8 +250,8 @@ def _finish(model: torch.nn.Module, window: SignalWindow) -> None:
             while processed:  # each layer's new tensors are dropped once copied (_refit_commit: memory)
                 layer, state, fresh = processed.pop(0)
                 _commit(layer, state, fresh, undo)
-            for _, layer in kv_layers:
-                _commit_kv_scales(layer, undo)
+            for name, layer in kv_layers:
+                _commit_kv_scales(name, layer, undo)
         except BaseException:
             undo.rollback()
             raise
@@ -322,13 +325,16 @@ def _commit(layer: torch.nn.Module, state: LayerRefitState, fresh: KernelTensors
     _unstage(state)
 
 
-def _commit_kv_scales(layer: torch.nn.Module, undo: CommitUndo) -> None:
+def _commit_kv_scales(layer_name: str, layer: torch.nn.Module, undo: CommitUndo) -> None:
     log: LoadLog = object.__getattribute__(layer, _KV_STAGING_ATTR)
     object.__delattr__(layer, _KV_STAGING_ATTR)
     if log.loaded():
-        # Upstream copies into the _k_scale/_v_scale/... buffers in place and deletes the params.
-        undo.save_scales(layer, after=lambda: _drop_kv_scale_params(layer))
+        # Upstream copies into the _k_scale/_v_scale/... buffers in place and deletes the params;
+        # compressed-tensors' method puts new tensors there instead: the serving ones are kept.
+        served = ServedScales.of(layer)
+        undo.save_scales(layer, after=lambda: (served.put_back(), _drop_kv_scale_params(layer)))
         layer.quant_method.process_weights_after_loading(layer)
+        served.keep(layer_name, undo)
     else:
         # No scales in this refit: keep the ones in use (processing would reset them to 1.0).
         _drop_kv_scale_params(layer)
@@ -479,7 +485,7 @@ def _refuse_unrefittable_layers(model: torch.nn.Module) -> None:
         if STATE_ATTR in module.__dict__ or loads_in_place(method):
             continue
         described = describe_method(module, method)
-        patch_id = recording_patch(method)
+        patch_id = recording_patch(method, module)
         if patch_id is not None:
             raise RefitError(
                 f"layer {name!r} ({described}) was processed before patchkit recorded"
@@ -498,6 +504,6 @@ def _refuse_unrefittable_layers(model: torch.nn.Module) -> None:
 
 
 def _drop_kv_scale_params(layer: torch.nn.Module) -> None:
-    for name in _KV_SCALE_NAMES:
+    for name in _KV_SCALE_NAMES + _KV_ZERO_POINT_NAMES:
         if name in layer._parameters:
             del layer._parameters[name]

@@ -7,8 +7,8 @@ import patchkit
 from ._constants import REFIT_PATCH_ID as PATCH_ID
 from ._errors import RefitError
 
-#: the patches that record layers for ``refit``: NVFP4 (the backend's own id) and FP8
-RECORDING_PATCHES = (PATCH_ID, "vllm.fp8_refit")
+#: the patches that record layers for ``refit``: NVFP4 (the backend's own id), FP8, compressed-tensors NVFP4
+RECORDING_PATCHES = (PATCH_ID, "vllm.fp8_refit", "vllm.compressed_tensors_nvfp4_refit")
 
 
 def current_mode() -> str:

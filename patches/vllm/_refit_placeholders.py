@@ -10,6 +10,8 @@ Read from vLLM's ``quantization/modelopt.py`` of each range:
   ``_DropInputScale`` (NaN-filled) and drops it the same way.
 - ``ModelOptNvFp4FusedMoE`` in W4A16 mode (``use_a16``, 0.21+) runs Marlin, whose MoE path drops the
   activation scales; with a per-token activation override (0.33) processing overwrites them with 1.
+- compressed-tensors ``CompressedTensorsW4A4Nvfp4MoEMethod`` with ``use_a16`` (an NVFP4A16 checkpoint,
+  0.29+ keep the flag) registers ``w13/w2_input_global_scale``, which such a checkpoint does not carry.
 - Every W4A4 method reads every parameter it registers: nothing is optional there.
 """
 
@@ -19,6 +21,7 @@ from typing import Any
 
 _MOE_INPUT_SCALES = frozenset({"w13_input_scale", "w2_input_scale"})
 _LINEAR_INPUT_SCALE = frozenset({"input_scale"})
+_CT_MOE_INPUT_SCALES = frozenset({"w13_input_global_scale", "w2_input_global_scale"})
 
 
 def unread_placeholders(method: Any) -> frozenset[str]:
@@ -33,4 +36,6 @@ def unread_placeholders(method: Any) -> frozenset[str]:
     if name == "ModelOptNvFp4FusedMoE":
         if getattr(method, "use_a16", False) or getattr(method, "per_token_activation", False):
             return _MOE_INPUT_SCALES
+    if name == "CompressedTensorsW4A4Nvfp4MoEMethod" and getattr(method, "use_a16", False):
+        return _CT_MOE_INPUT_SCALES
     return frozenset()

@@ -7,7 +7,10 @@
   ``Fp8LinearMethod``/``Fp8MoEMethod`` exactly): refitted once their patch has recorded the layer; a
   layer of one of these that was processed before its patch recorded it is refused by name, naming
   the patch.
-- Anything else (compressed-tensors, whose scheme hangs off ``layer.scheme``; MXFP4; AWQ/GPTQ; online
+- compressed-tensors NVFP4 (``vllm.compressed_tensors_nvfp4_refit``): a ``CompressedTensorsLinearMethod``
+  layer whose ``layer.scheme`` is ``CompressedTensorsW4A4Fp4``, and ``CompressedTensorsW4A4Nvfp4MoEMethod``;
+  the same rule (recorded, else refused naming the patch).
+- Anything else (other compressed-tensors schemes, which hang off ``layer.scheme``; MXFP4; AWQ/GPTQ; online
   FP8, a bf16 checkpoint quantised at load, whose classes subclass neither FP8 method): refused.
   Their processing turns checkpoint tensors into kernel tensors patchkit has not recorded, so vLLM's
   loaders would write raw checkpoint values into them and the model would serve garbage.
@@ -30,7 +33,8 @@ _FP8_NAMES = ("Fp8LinearMethod", "Fp8MoEMethod")
 #: What a refit takes, for error messages.
 SUPPORTED = (
     "unquantized layers, KV-cache scales, ModelOpt NVFP4 layers (vllm.nvfp4_refit) and FP8-serialised"
-    " Fp8LinearMethod/Fp8MoEMethod layers (vllm.fp8_refit)"
+    " Fp8LinearMethod/Fp8MoEMethod layers (vllm.fp8_refit), compressed-tensors NVFP4 layers"
+    " (vllm.compressed_tensors_nvfp4_refit)"
 )
 
 
@@ -39,15 +43,23 @@ def fp8_method_classes() -> tuple[type, ...]:
     return tuple(cls for name in _FP8_NAMES if (cls := getattr(fp8, name, None)) is not None)
 
 
-def recording_patch(method: Any) -> str | None:
-    """The patch that must record a layer with quant method ``method`` before it can be refitted
+def recording_patch(method: Any, layer: Any = None) -> str | None:
+    """The patch that must record ``layer`` (quant method ``method``) before it can be refitted
     (``None``: a layer the refit loads in place, or does not cover)."""
     method = wrapped_method(method)
     if type(method) in fp8_method_classes():
         return "vllm.fp8_refit"
     if isinstance(method, _nvfp4_classes()):
         return "vllm.nvfp4_refit"
+    if _is_compressed_tensors_nvfp4(method, layer):
+        return "vllm.compressed_tensors_nvfp4_refit"
     return None
+
+
+def _is_compressed_tensors_nvfp4(method: Any, layer: Any) -> bool:
+    from ._ct_nvfp4_targets import is_nvfp4_linear, moe_method_classes
+
+    return type(method) in moe_method_classes() or (layer is not None and is_nvfp4_linear(layer))
 
 
 def loads_in_place(method: Any) -> bool:

@@ -93,7 +93,7 @@ def test_the_command_verifies_every_vllm_patch_in_a_fresh_process_without_the_te
                            "--patch", "vllm.*"], capture_output=True, text=True, timeout=600,
                           env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"}, cwd=os.path.dirname(__file__))
     verdicts = {p["id"]: (p["verdict"], p["message"]) for p in json.loads(done.stdout)["patches"]}
-    expected = dict.fromkeys((MARLIN, PATCH, "vllm.serve_signals_main_thread"), VERIFIED)
+    expected = dict.fromkeys((MARLIN, PATCH, CT_NVFP4, "vllm.serve_signals_main_thread"), VERIFIED)
     # vLLM 0.24's PyPI wheel without CUDA resolves no platform at import; its NVFP4 MoE oracle then
     # finds no backend and the MoE check says it cannot run here (in-process, with the harness, it runs).
     moe = verdicts.pop("vllm.moe_expert_weight_loaders")[0]
@@ -123,3 +123,24 @@ def test_fp8_refit_check_fails_with_upstreams_layer_methods():
     assert verdict.verdict == FAILED
     assert "refit with a second checkpoint of vLLM's FP8 linear layers: expected the layers take the new " \
         "weights, found RefitError" in verdict.message, verdict.message
+
+
+# --- vllm.compressed_tensors_nvfp4_refit ---
+
+CT_NVFP4 = "vllm.compressed_tensors_nvfp4_refit"
+
+
+def test_compressed_tensors_nvfp4_refit_check_is_verified():
+    with patchkit.applied(CT_NVFP4):
+        (verdict,) = run([CT_NVFP4], device="cpu")[0]
+    assert verdict.verdict == VERIFIED, verdict.message
+
+
+@pytest.mark.breaks("vllm.compressed_tensors_nvfp4_refit")
+def test_compressed_tensors_nvfp4_refit_check_fails_with_upstreams_layer_methods():
+    with patchkit.applied(CT_NVFP4), upstream_behaviour(CT_NVFP4):
+        (verdict,) = run([CT_NVFP4], device="cpu")[0]
+    assert verdict.verdict == FAILED
+    assert "refit with a second checkpoint of vLLM's compressed-tensors NVFP4 linear layers: expected the layers " \
+        "take the new weights, found RefitError" in verdict.message, verdict.message
+    assert "processed before patchkit recorded it" in verdict.message, verdict.message

@@ -3,9 +3,10 @@
 The layers are vLLM's own (``RowParallelLinear``), built by vLLM's own quantization configs: online
 FP8 (a bf16 checkpoint quantised at load: ``Fp8Config(is_checkpoint_fp8_serialized=False)`` on 0.24,
 ``OnlineQuantizationConfig`` with ``linear="fp8_per_tensor"`` on 0.33, which dropped the former) and
-compressed-tensors NVFP4 W4A16 (``CompressedTensorsConfig.from_config``: the method delegates to
-``layer.scheme``). Before this refusal a refit wrote the checkpoint tensors into those layers' tensors
-without a word.
+compressed-tensors W4A16 int4 (``CompressedTensorsConfig.from_config``: ``CompressedTensorsWNA16`` on
+``layer.scheme``; compressed-tensors NVFP4 has its own patch, ``vllm.compressed_tensors_nvfp4_refit``, and
+tests in test_compressed_tensors_nvfp4_refit.py). Before this refusal a refit wrote the checkpoint tensors
+into those layers' tensors without a word.
 """
 
 from __future__ import annotations
@@ -30,15 +31,15 @@ def online_fp8_config() -> object:
     return OnlineQuantizationConfig(QuantizationConfigArgs(linear="fp8_per_tensor"))
 
 
-def compressed_tensors_w4a16_nvfp4_config() -> object:
+def compressed_tensors_w4a16_int4_config() -> object:
     from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import (
         CompressedTensorsConfig,
     )
 
-    weights = {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16,
+    weights = {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32,
                "symmetric": True, "dynamic": False}
     return CompressedTensorsConfig.from_config({
-        "quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "ignore": [],
+        "quant_method": "compressed-tensors", "format": "pack-quantized", "ignore": [],
         "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": None}},
     })
 
@@ -70,23 +71,22 @@ def checkpoint(model: Model, seed: int) -> dict[str, torch.Tensor]:
     for name, param in model.named_parameters():
         if param.dtype.is_floating_point and param.element_size() > 1:
             out[name] = torch.rand(param.shape, generator=generator).to(param.dtype)
+        elif not param.dtype.is_floating_point and param.element_size() > 1:  # WNA16's int32 weight, int64 shape
+            out[name] = torch.randint(1, 127, param.shape, generator=generator, dtype=param.dtype)
         else:
             out[name] = torch.randint(0, 127, param.shape, generator=generator, dtype=torch.uint8).view(param.dtype)
     return out
 
 
-CONFIGS = {"online_fp8": online_fp8_config, "compressed_tensors_w4a16_nvfp4": compressed_tensors_w4a16_nvfp4_config}
+CONFIGS = {"online_fp8": online_fp8_config, "compressed_tensors_w4a16_int4": compressed_tensors_w4a16_int4_config}
 METHODS = {
     "online_fp8": r"Fp8PerTensorOnlineLinearMethod",
-    # 0.24: CompressedTensorsW4A16Fp4; 0.33 serves W4A16 with CompressedTensorsW4A4Fp4 (activations unquantised)
-    "compressed_tensors_w4a16_nvfp4": r"CompressedTensorsLinearMethod \(scheme CompressedTensorsW4A(16|4)Fp4\)",
+    "compressed_tensors_w4a16_int4": r"CompressedTensorsLinearMethod \(scheme CompressedTensorsWNA16\)",
 }
 
 
 def loaded_model(kind: str, request: pytest.FixtureRequest) -> Model:
-    if kind == "compressed_tensors_w4a16_nvfp4":
-        request.getfixturevalue("cpu_marlin_layout")  # vLLM picks Marlin for W4A16 NVFP4
-    else:
+    if kind != "compressed_tensors_w4a16_int4":
         request.getfixturevalue("cpu_dynamic_fp8_quant")  # 0.24 quantises as the loader completes the layer
     model = Model(CONFIGS[kind]())
     model.load_weights(items(checkpoint(model, seed=1)))

@@ -1,0 +1,158 @@
+"""Compressed-tensors NVFP4 models and checkpoints of vLLM's own layers and loaders, for the
+``vllm.compressed_tensors_nvfp4_refit`` self-check and tests/vllm (``ct_nvfp4_helpers`` re-exports them).
+
+The quantization config is vLLM's ``CompressedTensorsConfig.from_config`` of a ``config.json``
+``quantization_config`` as llm-compressor writes it for ``format: nvfp4-pack-quantized``: weights
+4-bit float, ``tensor_group`` strategy, group 16; activations the same (W4A4, ``NVFP4``) or none
+(W4A16, ``NVFP4A16``). vLLM builds ``CompressedTensorsLinearMethod`` with the scheme
+``CompressedTensorsW4A4Fp4`` on ``layer.scheme`` (``use_a16`` for W4A16) and, for fused MoE,
+``CompressedTensorsW4A4Nvfp4MoEMethod``.
+
+Checkpoint tensors per layer (llm-compressor's names): ``weight_packed`` (uint8, two E2M1 values per
+byte), ``weight_scale`` (E4M3, one per 16 inputs), ``weight_global_scale`` (float32, one per layer,
+stored as the divisor: vLLM takes its reciprocal) and, for W4A4, ``input_global_scale``.
+
+``CtLinears`` is a fused ``gate_up`` (two shards) and a ``down``, loaded by each parameter's
+``weight_loader`` with its shard id as vLLM models do; ``CtMoe`` is one fused-MoE layer built by vLLM's
+factory and loaded through vLLM's expert mapping. On CPU, W4A4 linear layers get vLLM's emulation
+kernel and MoE layers its emulation backend (``cpu_nvfp4_kernels``); W4A16 linear layers need
+``cpu_marlin_layout`` (Marlin's CUDA repack stood in).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+
+import torch
+
+from .._nvfp4_checkpoint import random_nvfp4
+
+HIDDEN, INTERMEDIATE, EXPERTS = 128, 64, 4
+_numbers = itertools.count()  # vLLM registers MoE layers by prefix in the process-wide context
+
+
+#: a ``kv_cache_scheme`` as llm-compressor writes it for an FP8 KV cache with static per-tensor scales
+FP8_KV_CACHE = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
+
+
+def ct_nvfp4_config(a16: bool, kv_cache_scheme: dict[str, object] | None = None) -> object:
+    """vLLM's compressed-tensors config for an NVFP4 (W4A4) or NVFP4A16 (W4A16) checkpoint."""
+    from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import (
+        CompressedTensorsConfig,
+    )
+
+    fp4 = {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16, "symmetric": True,
+           "dynamic": False}
+    activations = None if a16 else {**fp4, "dynamic": "local"}
+    return CompressedTensorsConfig.from_config({
+        "quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "ignore": [],
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": fp4, "input_activations": activations}},
+        "kv_cache_scheme": kv_cache_scheme,
+    })
+
+
+class CtLinears(torch.nn.Module):
+    """A fused ``gate_up`` (``MergedColumnParallelLinear``) and a ``down`` (``RowParallelLinear``)."""
+
+    def __init__(self, a16: bool) -> None:
+        from vllm.model_executor.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+
+        super().__init__()
+        config = ct_nvfp4_config(a16)
+        self.gate_up = MergedColumnParallelLinear(HIDDEN, [INTERMEDIATE] * 2, bias=False, quant_config=config,
+                                                  prefix="gate_up", params_dtype=torch.bfloat16)
+        self.down = RowParallelLinear(INTERMEDIATE, HIDDEN, bias=False, quant_config=config, prefix="down",
+                                      params_dtype=torch.bfloat16)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """``gate.*``/``up.*`` into the fused ``gate_up`` shards 0/1, ``down.*`` as is (vLLM's stacking)."""
+        params = dict(self.named_parameters())  # read now: a prepared refit has staged new ones
+        loaded = set()
+        for name, tensor in weights:
+            prefix, _, suffix = name.partition(".")
+            if prefix in ("gate", "up"):
+                param = params[f"gate_up.{suffix}"]
+                param.weight_loader(param, tensor, ("gate", "up").index(prefix))
+            elif name in params:
+                param = params[name]
+                param.weight_loader(param, tensor)
+            else:
+                raise ValueError(f"no parameter for {name!r}")
+            loaded.add(name)
+        return loaded
+
+
+def _layer(generator: torch.Generator, prefix: str, out: int, inp: int, a16: bool,
+           global_scale: float) -> dict[str, torch.Tensor]:
+    weight, weight_scale = random_nvfp4(generator, out, inp)
+    tensors = {
+        f"{prefix}.weight_packed": weight,
+        f"{prefix}.weight_scale": weight_scale,
+        f"{prefix}.weight_global_scale": torch.tensor([global_scale]),
+    }
+    if not a16:
+        tensors[f"{prefix}.input_global_scale"] = torch.tensor([global_scale * 4])
+    return tensors
+
+
+def linear_checkpoint(a16: bool, seed: int) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    scale = 100.0 * (1 + seed)
+    return {
+        **_layer(generator, "gate", INTERMEDIATE, HIDDEN, a16, scale),
+        **_layer(generator, "up", INTERMEDIATE, HIDDEN, a16, scale),  # fused shards share their global scale
+        **_layer(generator, "down", HIDDEN, INTERMEDIATE, a16, scale * 2),
+    }
+
+
+class CtMoe(torch.nn.Module):
+    """One fused-MoE layer of ``EXPERTS`` experts with the compressed-tensors NVFP4 config."""
+
+    def __init__(self, a16: bool) -> None:
+        from vllm.model_executor.layers import fused_moe
+
+        super().__init__()
+        factory = getattr(fused_moe, "FusedMoEFactory", None) or fused_moe.FusedMoE  # 0.25+ / 0.24
+        self.experts = factory(
+            num_experts=EXPERTS, top_k=2, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE,
+            params_dtype=torch.bfloat16, quant_config=ct_nvfp4_config(a16),
+            prefix=f"patchkit_ct_moe{next(_numbers)}.experts", tp_size=1, dp_size=1, pcp_size=1,
+        )
+
+    @property
+    def routed(self) -> torch.nn.Module:
+        return getattr(self.experts, "routed_experts", self.experts)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        from vllm.model_executor.layers.fused_moe.layer import fused_moe_make_expert_params_mapping
+
+        mapping = fused_moe_make_expert_params_mapping(self, "gate_proj", "down_proj", "up_proj", EXPERTS)
+        params = dict(self.named_parameters())  # read now: a prepared refit has staged new ones
+        loaded = set()
+        for name, tensor in weights:
+            for param_name, weight_name, expert_id, shard_id in mapping:
+                if weight_name in name:
+                    mapped = name.replace(weight_name, param_name)
+                    if mapped not in params:
+                        raise ValueError(f"no fused-MoE parameter {mapped!r} for {name!r}")
+                    param = params[mapped]
+                    param.weight_loader(param, tensor, mapped, shard_id=shard_id, expert_id=expert_id)
+                    loaded.add(mapped)
+                    break
+            else:
+                raise ValueError(f"no fused-MoE parameter for {name!r}")
+        return loaded
+
+
+def moe_checkpoint(a16: bool, seed: int) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    tensors: dict[str, torch.Tensor] = {}
+    for expert in range(EXPERTS):
+        scale = 100.0 * (1 + seed) * (expert + 1)
+        for proj, (out, inp) in (("gate_proj", (INTERMEDIATE, HIDDEN)), ("up_proj", (INTERMEDIATE, HIDDEN)),
+                                 ("down_proj", (HIDDEN, INTERMEDIATE))):
+            layer = _layer(generator, f"experts.{expert}.{proj}", out, inp, a16, scale)
+            # vLLM's MoE loader takes per-expert scalars for the global scales
+            tensors.update({k: v.reshape(()) if v.numel() == 1 else v for k, v in layer.items()})
+    return tensors

@@ -1,0 +1,75 @@
+"""Self-check of ``vllm.compressed_tensors_nvfp4_refit``: compressed-tensors NVFP4 checkpoints refitted into
+vLLM's own compressed-tensors NVFP4 (W4A4) linear layers.
+
+vLLM's ``MergedColumnParallelLinear``/``RowParallelLinear`` with ``CompressedTensorsConfig`` for an
+``nvfp4-pack-quantized`` checkpoint (``_ct_nvfp4_checkpoint``) are loaded through their weight loaders
+and processed by upstream's ``process_weights_after_loading``; a second checkpoint is refitted through
+``patchkit.patches.vllm.refit``, then the first again. Each time every kernel tensor must equal, bit
+for bit, what vLLM's own first load of that checkpoint into a fresh model produces, in the same tensor
+objects and storage (which CUDA graphs hold). On CPU, vLLM's NVFP4 emulation kernel is listed for the
+platform (``_cpu_stand_in``); on CUDA the kernel vLLM selects runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from patchkit.selfcheck import CheckContext, SelfCheckFailed, expect
+
+from .._nvfp4_checkpoint import items, process_weights_after_loading
+
+
+def _first_load(checkpoint: dict[str, torch.Tensor], device: str) -> Any:
+    from ._ct_nvfp4_checkpoint import CtLinears
+
+    with torch.device(device):  # where vLLM's loader builds layers
+        model = CtLinears(a16=False)
+    model.load_weights(items({k: v.to(device) for k, v in checkpoint.items()}))
+    process_weights_after_loading(model)
+    return model
+
+
+def _kernel_tensors(model: Any) -> dict[str, torch.Tensor]:
+    return {**dict(model.named_parameters()), **dict(model.named_buffers())}
+
+
+def _differences(model: Any, reference: Any) -> list[str]:
+    """The kernel tensors of ``model`` that differ from ``reference``'s in shape, dtype or any bit."""
+    ours, theirs = _kernel_tensors(model), _kernel_tensors(reference)
+    wrong = sorted(set(ours) ^ set(theirs))
+    for name in sorted(set(ours) & set(theirs)):
+        a, b = ours[name].detach(), theirs[name].detach()
+        if (a.shape, a.dtype) != (b.shape, b.dtype) or not torch.equal(
+                a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)):
+            wrong.append(name)
+    return wrong
+
+
+def check_compressed_tensors_nvfp4_refit(context: CheckContext) -> None:
+    """Load, refit a second checkpoint, refit back: each time the layers equal vLLM's own first load of it."""
+    from ..refit import refit
+    from ._cpu_stand_in import vllm_context
+    from ._ct_nvfp4_checkpoint import linear_checkpoint
+
+    device = context.device
+    first, second = linear_checkpoint(False, seed=1), linear_checkpoint(False, seed=2)
+    with vllm_context(device):
+        model = _first_load(first, device)
+        kernel_before = {name: (id(t), t.data_ptr()) for name, t in _kernel_tensors(model).items()}
+        for step, weights in (("refit with a second checkpoint", second), ("refit back", first)):
+            try:
+                with refit(model):
+                    model.load_weights(items({k: v.to(device) for k, v in weights.items()}))
+            except Exception as exc:
+                raise SelfCheckFailed(
+                    f"{step} of vLLM's compressed-tensors NVFP4 linear layers", "the layers take the new weights",
+                    f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}") from exc
+            wrong = _differences(model, _first_load(weights, device))
+            expect(not wrong, f"after the {step} every kernel tensor equals vLLM's own first load of that "
+                   "checkpoint (bit for bit)", "all of them", wrong)
+            moved = sorted(k for k, v in {n: (id(t), t.data_ptr()) for n, t in _kernel_tensors(model).items()}.items()
+                           if kernel_before.get(k) != v)
+            expect(not moved, f"the {step} keeps every kernel tensor (same object, same storage)", "none replaced",
+                   moved)
