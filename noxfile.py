@@ -121,8 +121,9 @@ def _tests_session(name: str, env: dict):
     def run_tests(session: nox.Session) -> None:
         _install(session, env.get("uninstall", []))
         REPORTS.mkdir(parents=True, exist_ok=True)
-        session.run("pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={REPORTS / name}.xml",
-                    *pytest_targets.pytest_targets(env["tests"], session.posargs, ROOT), env={str(k): str(v) for k, v in env.get("env", {}).items()})
+        targets = pytest_targets.pytest_targets(env["tests"], session.posargs, ROOT)
+        session.run("pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={REPORTS / name}.xml", *targets,
+                    env={str(k): str(v) for k, v in env.get("env", {}).items()})
         if RECORD != "off" and not session.posargs:
             session.run("patchkit", "matrix", "record", "--env", name, *(["--check"] if RECORD == "check" else []))
 
