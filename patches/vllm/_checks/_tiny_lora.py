@@ -152,7 +152,22 @@ def differences(ours: Any, theirs: Any) -> list[str]:
         if (rank, scaling, alpha) != (rank_b, scaling_b, alpha_b):
             found.append(f"{name}: rank/scaling/alpha {(rank, scaling, alpha)} != {(rank_b, scaling_b, alpha_b)}")
         for half, mine, other in (("lora_a", lora_a, lora_a_b), ("lora_b", lora_b, lora_b_b)):
-            if mine.dtype != other.dtype or mine.shape != other.shape or not torch.equal(mine, other):
-                found.append(f"{name}.{half}: {mine.dtype}{tuple(mine.shape)} differs from "
-                             f"{other.dtype}{tuple(other.shape)}")
+            if not _same_tensors(mine, other):
+                found.append(f"{name}.{half}: {_spec(mine)} differs from {_spec(other)}")
     return found
+
+
+def _same_tensors(mine: Any, other: Any) -> bool:
+    """Bit for bit, dtype and shape included; packed modules (after vLLM adds an adapter) hold lists."""
+    if isinstance(mine, list) or isinstance(other, list):
+        return (isinstance(mine, list) and isinstance(other, list) and len(mine) == len(other)
+                and all(_same_tensors(a, b) for a, b in zip(mine, other)))
+    if mine is None or other is None:
+        return mine is other
+    return bool(mine.dtype == other.dtype and mine.shape == other.shape and torch.equal(mine, other))
+
+
+def _spec(value: Any) -> str:
+    if isinstance(value, list):
+        return "[" + ", ".join(_spec(v) for v in value) + "]"
+    return "None" if value is None else f"{value.dtype}{tuple(value.shape)}"
