@@ -35,7 +35,9 @@ if TYPE_CHECKING:
 
     from ._lora_request import TensorLoRARequest
 
-__all__ = ["LoRAFromTensorsUnavailableError", "LoRATensorsError", "TensorLoRARequest", "add_lora_from_tensors", "PATCH_ID"]
+__all__ = [
+    "LoRAFromTensorsUnavailableError", "LoRATensorsError", "TensorLoRARequest", "add_lora_from_tensors", "PATCH_ID",
+]
 
 PATCH_ID = "vllm.lora_from_tensors"
 

@@ -28,17 +28,18 @@ from patchkit.patches.vllm._checks._tiny_lora import (
     differences,
     peft_config,
     peft_folder,
+    unpinned_without_cuda,
     worker_lora_manager,
 )
-
-import patchkit
-from patchkit.doctor import FAILED, VERIFIED, run
 from patchkit.patches.vllm.lora import (
     LoRAFromTensorsUnavailableError,
     LoRATensorsError,
     TensorLoRARequest,
     add_lora_from_tensors,
 )
+
+import patchkit
+from patchkit.doctor import FAILED, VERIFIED, run
 from patchkit.selfcheck import patches_as_they_were, upstream_behaviour
 
 PATCH = "vllm.lora_from_tensors"
@@ -63,7 +64,7 @@ def applied() -> Iterator[None]:
 
 @pytest.fixture
 def manager(vllm_config: object) -> Iterator[Any]:
-    with vllm_context("cpu"):
+    with vllm_context("cpu"), unpinned_without_cuda():
         yield worker_lora_manager()
 
 
@@ -256,7 +257,7 @@ def test_lora_from_tensors_check_is_verified(applied, vllm_config):
     assert verdict.verdict == VERIFIED, verdict.message
 
 
-@pytest.mark.breaks(PATCH)
+@pytest.mark.breaks("vllm.lora_from_tensors")
 def test_lora_from_tensors_check_fails_with_vllms_own_load_adapter(applied, vllm_config):
     with upstream_behaviour(PATCH):
         (verdict,) = run([PATCH], device="cpu")[0]

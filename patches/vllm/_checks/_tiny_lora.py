@@ -14,6 +14,14 @@ config and ``is_encoder_decoder``, ``lora_config``, ``parallel_config``); a real
 resolves a Hugging Face config and inspects vLLM's model registry in a subprocess (a minute on a busy
 2-core machine). Everything the adapter passes through (``PEFTHelper``, ``LoRAModel``, the LoRA
 layers, the LRU caches) is vLLM's.
+
+:func:`unpinned_without_cuda`: vLLM 0.24's PyPI wheel on a machine without CUDA resolves no platform
+while ``vllm.utils.torch_utils`` is imported, so its module-level ``PIN_MEMORY`` is the unspecified
+platform's ``True`` and ``LoRAModel.from_lora_tensors`` pins every tensor (no driver: ``RuntimeError``),
+whether the adapter comes from a folder or from tensors (and the model manager pins them again as it
+adds them). Without CUDA, ``PIN_MEMORY`` of ``vllm.lora.lora_model``, ``lora_weights`` and
+``model_manager`` is set to ``False`` (what vLLM's CPU platform answers) for the block; both sides of
+every comparison run under it.
 """
 
 from __future__ import annotations
@@ -43,6 +51,24 @@ TARGETS = {
     "mlp.up_proj": (HIDDEN, INTERMEDIATE),
     "mlp.down_proj": (INTERMEDIATE, HIDDEN),
 }
+
+
+@contextmanager
+def unpinned_without_cuda() -> Iterator[None]:
+    """``PIN_MEMORY`` False in vLLM's LoRA modules for the block where CUDA is absent (module docstring)."""
+    import importlib
+
+    modules = [importlib.import_module(f"vllm.lora.{name}") for name in ("lora_model", "lora_weights", "model_manager")]
+    pinned = [module for module in modules if getattr(module, "PIN_MEMORY", False)]
+    if torch.cuda.is_available():
+        pinned = []
+    for module in pinned:
+        module.PIN_MEMORY = False  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        for module in pinned:
+            module.PIN_MEMORY = True  # type: ignore[attr-defined]
 
 
 def tiny_model(hf_config: Any) -> torch.nn.Module:
@@ -120,13 +146,14 @@ def adapter_tensors(seed: int, rank: int = RANK, dtype: torch.dtype = torch.floa
 
 @contextmanager
 def peft_folder(config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Iterator[Path]:
-    """The adapter as PEFT's ``save_pretrained`` writes it: ``adapter_config.json`` and ``adapter_model.safetensors``."""
+    """The adapter as PEFT's ``save_pretrained`` writes it: ``adapter_config.json``, ``adapter_model.safetensors``."""
     from safetensors.torch import save_file
 
     with tempfile.TemporaryDirectory(prefix="patchkit-lora-") as folder:
         path = Path(folder)
         (path / "adapter_config.json").write_text(json.dumps(config))
-        save_file({name: tensor.contiguous() for name, tensor in tensors.items()}, str(path / "adapter_model.safetensors"))
+        save_file({name: tensor.contiguous() for name, tensor in tensors.items()},
+                  str(path / "adapter_model.safetensors"))
         yield path
 
 
@@ -161,7 +188,7 @@ def _same_tensors(mine: Any, other: Any) -> bool:
     """Bit for bit, dtype and shape included; packed modules (after vLLM adds an adapter) hold lists."""
     if isinstance(mine, list) or isinstance(other, list):
         return (isinstance(mine, list) and isinstance(other, list) and len(mine) == len(other)
-                and all(_same_tensors(a, b) for a, b in zip(mine, other)))
+                and all(_same_tensors(a, b) for a, b in zip(mine, other, strict=True)))
     if mine is None or other is None:
         return mine is other
     return bool(mine.dtype == other.dtype and mine.shape == other.shape and torch.equal(mine, other))

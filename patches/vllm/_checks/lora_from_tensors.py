@@ -23,11 +23,18 @@ def check_lora_from_tensors(context: CheckContext) -> None:
 
     from ..lora import LoRATensorsError, TensorLoRARequest, add_lora_from_tensors
     from ._cpu_stand_in import vllm_context
-    from ._tiny_lora import adapter_tensors, differences, peft_config, peft_folder, worker_lora_manager
+    from ._tiny_lora import (
+        adapter_tensors,
+        differences,
+        peft_config,
+        peft_folder,
+        unpinned_without_cuda,
+        worker_lora_manager,
+    )
 
     config, tensors = peft_config(), adapter_tensors(seed=3)
     before = {name: tensor.clone() for name, tensor in tensors.items()}
-    with vllm_context("cpu"):  # the LoRA manager keeps adapters on the CPU in every case
+    with vllm_context("cpu"), unpinned_without_cuda():  # the LoRA manager keeps adapters on the CPU in every case
         manager: Any = worker_lora_manager()
         with peft_folder(config, tensors) as folder:
             from_folder = manager._load_adapter(LoRARequest("from-folder", 1, str(folder)))
