@@ -473,6 +473,18 @@ RECORDS = {
             )),
         ),
     },
+    'vllm.lora_from_tensors': {
+        'hf-mapper': (
+            ((('vllm', '0.24.0'),), 'verified', (
+                ('vllm.lora.worker_manager:WorkerLoRAManager._load_adapter', 'a460cd98855d40a2'),
+            )),
+        ),
+        'rename-mapper': (
+            ((('vllm', '0.29.0'),), 'verified', (
+                ('vllm.lora.worker_manager:WorkerLoRAManager._load_adapter', 'a7744235384ed1b8'),
+            )),
+        ),
+    },
     'vllm.moe_expert_weight_loaders': {
         'vllm>=0.24,<0.34': (
             ((('vllm', '0.24.0'),), 'native', (

@@ -21,6 +21,7 @@ import torch
 from patchkit.patches.vllm._checks._cpu_stand_in import vllm_context
 from patchkit.patches.vllm._checks._tiny_lora import (
     LAYER,
+    LORA_DTYPE,
     MAX_RANK,
     PEFT_PREFIX,
     RANK,
@@ -136,7 +137,7 @@ def test_added_adapter_fills_the_layers_slots_as_the_folders_does(applied, manag
 
 def test_callers_tensors_are_left_as_they_were(applied, manager):
     """vLLM folds the scaling into lora_b in place as it adds an adapter: on a copy, not on the caller's."""
-    config, tensors = peft_config(lora_alpha=16), adapter_tensors(seed=5)
+    config, tensors = peft_config(lora_alpha=16), adapter_tensors(seed=5, dtype=LORA_DTYPE)  # .to() keeps them
     before = {name: tensor.clone() for name, tensor in tensors.items()}
     add_lora_from_tensors(manager, "policy", 1, tensors, config)
     add_lora_from_tensors(manager, "policy", 1, tensors, config)  # in place, from the same tensors

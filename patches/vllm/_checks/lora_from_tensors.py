@@ -24,6 +24,7 @@ def check_lora_from_tensors(context: CheckContext) -> None:
     from ..lora import LoRATensorsError, TensorLoRARequest, add_lora_from_tensors
     from ._cpu_stand_in import vllm_context
     from ._tiny_lora import (
+        LORA_DTYPE,
         adapter_tensors,
         differences,
         peft_config,
@@ -32,7 +33,8 @@ def check_lora_from_tensors(context: CheckContext) -> None:
         worker_lora_manager,
     )
 
-    config, tensors = peft_config(), adapter_tensors(seed=3)
+    # In the LoRA dtype: vLLM's .to(dtype) would otherwise hand over copies, and the check below would prove nothing.
+    config, tensors = peft_config(), adapter_tensors(seed=3, dtype=LORA_DTYPE)
     before = {name: tensor.clone() for name, tensor in tensors.items()}
     with vllm_context("cpu"), unpinned_without_cuda():  # the LoRA manager keeps adapters on the CPU in every case
         manager: Any = worker_lora_manager()
