@@ -474,6 +474,11 @@ RECORDS = {
         ),
     },
     'vllm.lora_from_tensors': {
+        'classification-head-validation': (
+            ((('vllm', '0.33.0'),), 'verified', (
+                ('vllm.lora.worker_manager:WorkerLoRAManager._load_adapter', 'de7599e6945a45fe'),
+            )),
+        ),
         'classification-validations': (
             ((('vllm', '0.31.0'),), 'verified', (
                 ('vllm.lora.worker_manager:WorkerLoRAManager._load_adapter', '817ad0ff2e92b6a2'),

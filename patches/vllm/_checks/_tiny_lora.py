@@ -21,7 +21,9 @@ platform's ``True`` and ``LoRAModel.from_lora_tensors`` pins every tensor (no dr
 whether the adapter comes from a folder or from tensors (and the model manager pins them again as it
 adds them). Without CUDA, ``PIN_MEMORY`` of ``vllm.lora.lora_model``, ``lora_weights`` and
 ``model_manager`` is set to ``False`` (what vLLM's CPU platform answers) for the block; both sides of
-every comparison run under it.
+every comparison run under it. In a fresh process on that wheel, vLLM's punica selector still holds the
+unresolved platform once the CPU platform is made current: it is shown the current one while the manager
+is created (``_punica_on_the_current_platform``).
 """
 
 from __future__ import annotations
@@ -120,8 +122,29 @@ def worker_lora_manager(**config: int) -> Any:
 
     vllm_config = manager_config(**config)
     manager = LRUCacheWorkerLoRAManager(vllm_config, torch.device("cpu"), embedding_modules={})
-    manager.create_lora_manager(tiny_model(vllm_config.model_config.hf_config), vllm_config)
+    with _punica_on_the_current_platform():
+        manager.create_lora_manager(tiny_model(vllm_config.model_config.hf_config), vllm_config)
     return manager
+
+
+@contextmanager
+def _punica_on_the_current_platform() -> Iterator[None]:
+    """vLLM 0.24's PyPI wheel without CUDA, in a fresh process (``patchkit doctor``): ``punica_selector``
+    bound vLLM's unresolved platform at import (``from vllm.platforms import current_platform``), which
+    names no punica wrapper (``NotImplementedError``), although ``_cpu_stand_in.cpu_platform`` has since
+    made the CPU platform current. The selector sees the current platform while the manager is created."""
+    import vllm.platforms as platforms
+    from vllm.lora.punica_wrapper import punica_selector
+
+    bound = punica_selector.current_platform
+    if bound.device_type or not platforms.current_platform.device_type:
+        yield
+        return
+    punica_selector.current_platform = platforms.current_platform
+    try:
+        yield
+    finally:
+        punica_selector.current_platform = bound
 
 
 def peft_config(**overrides: Any) -> dict[str, Any]:
