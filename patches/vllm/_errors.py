@@ -68,3 +68,31 @@ class RefitDeviceError(RefitError):
     def __init__(self, message: str, *, layer: str, parameter: str, expected: str, got: str, device: str) -> None:
         super().__init__(message, layer=layer, parameter=parameter, expected=expected, got=got)
         self.device = device
+
+
+class LoRATensorsError(PatchkitError, ValueError):
+    """A LoRA adapter handed over as tensors was refused before anything was loaded.
+
+    ``tensor`` names the offending tensor as the caller spelled it (``None`` when the PEFT config
+    itself is refused); ``expected`` and ``found`` say what the loaded model asks for and what came.
+    The worker's adapters are as they were: none was added, evicted or replaced.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        tensor: str | None = None,
+        expected: str | None = None,
+        found: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.tensor = tensor
+        self.expected = expected
+        self.found = found
+
+
+class LoRAFromTensorsUnavailableError(PatchkitError, RuntimeError):
+    """``vllm.lora_from_tensors`` is not installed in this process (not applied, switched off, or this
+    vLLM is outside its ranges): vLLM itself reads adapters only from folders. Raised before anything
+    is built."""

@@ -489,6 +489,50 @@ RECORDS = {
             )),
         ),
     },
+    'vllm.lora_from_tensors': {
+        'classification-head-validation': (
+            ((('vllm', '0.33.0'),), 'verified', (
+                ('vllm.lora.worker_manager:WorkerLoRAManager._load_adapter', 'de7599e6945a45fe'),
+            )),
+        ),
+        'classification-validations': (
+            ((('vllm', '0.31.0'),), 'verified', (
+                ('vllm.lora.worker_manager:WorkerLoRAManager._load_adapter', '817ad0ff2e92b6a2'),
+            )),
+        ),
+        'hf-mapper': (
+            ((('vllm', '0.24.0'),), 'verified', (
+                ('vllm.lora.worker_manager:WorkerLoRAManager._load_adapter', 'a460cd98855d40a2'),
+            )),
+        ),
+        'moe-format-validation': (
+            ((('vllm', '0.32.0'),), 'verified', (
+                ('vllm.lora.worker_manager:WorkerLoRAManager._load_adapter', 'ccedaebd3f966f38'),
+            )),
+        ),
+        'rename-mapper': (
+            ((('vllm', '0.29.0'),), 'verified', (
+                ('vllm.lora.worker_manager:WorkerLoRAManager._load_adapter', 'a7744235384ed1b8'),
+            )),
+            ((('vllm', '0.30.0'),), 'verified', (
+                ('vllm.lora.worker_manager:WorkerLoRAManager._load_adapter', 'a7744235384ed1b8'),
+            )),
+        ),
+        'unstacked-mapper': (
+            ((('vllm', '0.25.1'),), 'verified', (
+                ('vllm.lora.worker_manager:WorkerLoRAManager._load_adapter', '78108bac0ee66779'),
+            )),
+            ((('vllm', '0.26.0'),), 'verified', (
+                ('vllm.lora.worker_manager:WorkerLoRAManager._load_adapter', '78108bac0ee66779'),
+            )),
+            ((('vllm', '0.27.1'),), 'verified', (
+                ('vllm.lora.worker_manager:WorkerLoRAManager._load_adapter', '78108bac0ee66779'),
+            )),
+            ((('vllm', '0.28.0'),), 'verified', (
+                ('vllm.lora.worker_manager:WorkerLoRAManager._load_adapter', '78108bac0ee66779'),
+            )),
+        ),
+    },
     'vllm.moe_expert_weight_loaders': {
         'vllm>=0.24,<0.34': (
             ((('vllm', '0.24.0'),), 'native', (
