@@ -10,6 +10,7 @@ imported inside ``te_stub``'s import context (a real TransformerEngine, when ins
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 
@@ -22,6 +23,8 @@ with bridge_import_context():
     import megatron.bridge  # noqa: F401
     import megatron.bridge.models.conversion.model_bridge  # noqa: F401
     from megatron.bridge import AutoBridge
+
+logger = logging.getLogger(__name__)
 
 
 def hf_config(moe: bool):
@@ -51,7 +54,13 @@ def build_te(moe: bool, seed: int = 0, *, dtype: torch.dtype = torch.bfloat16):
 
     spec = get_gpt_layer_with_transformer_engine_spec(num_experts=4 if moe else None, moe_grouped_gemm=False,
                                                       qk_layernorm=True)
-    return _provide(moe, spec, seed, dtype=dtype, cpu=False)
+    bridge, model = _provide(moe, spec, seed, dtype=dtype, cpu=False)
+    # provide() left some of the MoE model's parameters on the CPU (H100, megatron-core 0.19.2, Bridge
+    # 0.6.2); Megatron's get_model and Bridge's provide_distributed_model move the model with .cuda().
+    on_cpu = sorted(n for n, p in model.named_parameters() if p.device.type == "cpu")
+    if on_cpu:
+        logger.warning("provide() left on the CPU: %s", on_cpu)
+    return bridge, model.cuda()
 
 
 def _provide(moe: bool, spec, seed: int, *, dtype: torch.dtype, cpu: bool):

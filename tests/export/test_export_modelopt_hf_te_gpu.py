@@ -50,14 +50,15 @@ def test_te_spec_hf_names_equal_modelopts_own_hf_export(megatron_gpu, tmp_path, 
     layer = model.decoder.layers[0]
     assert type(layer.self_attention.linear_qkv).__name__ == "TELayerNormColumnParallelLinear"
     assert type(layer.input_layernorm).__name__ == "IdentityOp"
+    fc1_fused = type(getattr(layer.mlp, "linear_fc1", None)).__name__ == "TELayerNormColumnParallelLinear"
+    assert fc1_fused == (not moe)  # an MoE layer keeps its own pre-MLP norm (TENorm)
     assert {p.device.type for p in model.parameters()} == {"cuda"}
     other_dtype = sorted(n for n, p in model.named_parameters() if p.dtype != dtype)
     apply_qat([model], backend=None)
     layers = range(model.config.num_layers)
     fused = {f"model.layers.{i}.input_layernorm.weight":
              f"decoder.layers.{i}.self_attention.linear_qkv.layer_norm_weight" for i in layers}
-    if not moe:  # an MoE layer keeps its own pre-MLP norm (TENorm): no linear_fc1 to fuse it into
-        assert type(layer.mlp.linear_fc1).__name__ == "TELayerNormColumnParallelLinear"
+    if fc1_fused:
         fused |= {f"model.layers.{i}.post_attention_layernorm.weight":
                   f"decoder.layers.{i}.mlp.linear_fc1.layer_norm_weight" for i in layers}
 
