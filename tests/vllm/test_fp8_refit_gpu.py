@@ -78,7 +78,8 @@ def assert_same_tensors(model: torch.nn.Module, reference: torch.nn.Module, step
 def _method(model: torch.nn.Module) -> str:
     layer = model.gate_up if hasattr(model, "gate_up") else model.routed
     method = layer.quant_method
-    kernel = next((getattr(method, a) for a in ("fp8_linear", "kernel", "fp8_backend") if getattr(method, a, None)), None)
+    kernels = (getattr(method, a, None) for a in ("fp8_linear", "kernel", "fp8_backend"))
+    kernel = next((k for k in kernels if k is not None), None)
     return f"{type(method).__name__} ({type(kernel).__name__ if kernel is not None else '-'}: {kernel})"
 
 
