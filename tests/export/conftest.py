@@ -17,4 +17,5 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from te_harness import load_modelopt_megatron_plugin  # noqa: E402
 
 load_modelopt_megatron_plugin()
+from megatron_gpu_setup import megatron_gpu  # noqa: E402,F401  (the GPU tests' fixture)
 from qat_fixtures import cpu_backend, megatron_cpu  # noqa: E402,F401

@@ -15,24 +15,6 @@ if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 
 
-@pytest.fixture
-def megatron_gpu():
-    import os
-
-    from megatron.core import parallel_state
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29533")
-    if not torch.distributed.is_initialized():
-        torch.distributed.init_process_group("nccl", rank=0, world_size=1)
-    parallel_state.initialize_model_parallel()
-    model_parallel_cuda_manual_seed(1234)
-    yield
-    parallel_state.destroy_model_parallel()
-    torch.distributed.destroy_process_group()
-
-
 @pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
 def test_cuda_export_equals_modelopt_export_and_the_kernels_fake_quant(megatron_gpu, moe):
     from export_models import build_gpt

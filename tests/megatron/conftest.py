@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,7 +12,9 @@ import torch
 
 pytest.importorskip("megatron.core")
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cpu_harness import cpu_megatron, destroy_parallel_state, initialize_parallel_state  # noqa: E402
+from megatron_gpu_setup import megatron_gpu  # noqa: E402,F401  (the GPU tests' fixture)
 from tiny_gpt import Batch, build_tiny_gpt, make_batch  # noqa: E402
 
 

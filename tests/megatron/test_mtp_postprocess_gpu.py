@@ -6,8 +6,6 @@ Run on a GPU machine with ``-m gpu``; skipped cleanly elsewhere.
 from __future__ import annotations
 
 import dataclasses
-import os
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -27,27 +25,6 @@ from tiny_gpt import VOCAB_SIZE, Batch, build_tiny_gpt, make_batch
 import patchkit
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("empty_mtp_tracker")]
-
-
-@pytest.fixture
-def megatron_gpu() -> Iterator[None]:
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    from cpu_harness import free_port
-    from megatron.core import parallel_state
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-
-    torch.cuda.set_device(0)
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(free_port())
-    torch.distributed.init_process_group(backend="nccl", rank=0, world_size=1)
-    parallel_state.initialize_model_parallel()
-    model_parallel_cuda_manual_seed(1234)
-    try:
-        yield
-    finally:
-        parallel_state.destroy_model_parallel()
-        torch.distributed.destroy_process_group()
 
 
 def cuda_batch() -> Batch:

@@ -12,51 +12,24 @@ the logits differed by up to 1.9e-4, 0.9% of them by more than 1e-4, hence a tol
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
 import pytest
 import torch
-from test_mtp_postprocess_gpu import cuda_batch, cuda_model, megatron_gpu  # noqa: F401  (fixture)
+from megatron_gpu_setup import REQUIRES_TE
+from megatron_gpu_setup import te_twin as shared_te_twin
+from test_mtp_postprocess_gpu import cuda_batch, cuda_model
 
 import patchkit
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.usefixtures("empty_mtp_tracker", "megatron_gpu"),
-    pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is None
-                       or importlib.util.find_spec("transformer_engine_torch") is None,
-                       reason="needs a real TransformerEngine (transformer_engine_torch)"),
+    REQUIRES_TE,
 ]
-FUSED_NORMS = ((".input_layernorm.", ".self_attention.linear_qkv.layer_norm_"),
-               (".pre_mlp_layernorm.", ".mlp.linear_fc1.layer_norm_"))
-
-
 def te_twin(local: Any) -> Any:
-    """The same model on the TE spec, loaded with ``local``'s weights (fused layer norms renamed)."""
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import (
-        get_gpt_layer_with_transformer_engine_spec,
-        get_gpt_mtp_block_spec,
-    )
-
-    spec = get_gpt_layer_with_transformer_engine_spec()
-    mtp = get_gpt_mtp_block_spec(local.config, spec, use_transformer_engine=True)
-    twin = GPTModel(local.config, spec, vocab_size=local.vocab_size, max_sequence_length=local.max_sequence_length,
-                    mtp_block_spec=mtp).cuda()
-    source = {n: p.detach() for n, p in local.named_parameters()}
-    used = set()
-    with torch.no_grad():
-        for name, param in twin.named_parameters():
-            key = name
-            for local_part, te_part in FUSED_NORMS:
-                key = key.replace(te_part, local_part)
-            assert key in source, f"no local weight for {name}"
-            assert source[key].shape == param.shape, name
-            param.copy_(source[key])
-            used.add(key)
-    assert used == set(source), sorted(set(source) - used)
-    return twin
+    """The same model (MTP layers included) on the TE spec, loaded with ``local``'s weights."""
+    return shared_te_twin(local)
 
 
 @pytest.mark.parametrize("mtp_num_layers", [1, 2])

@@ -8,7 +8,6 @@ synchronizing call.
 from __future__ import annotations
 
 import dataclasses
-import os
 import warnings
 from collections.abc import Iterator
 
@@ -39,24 +38,11 @@ def cuda() -> torch.device:
 
 
 @pytest.fixture
-def moe_replay_gpu(cuda: torch.device) -> Iterator[torch.device]:
-    from cpu_harness import free_port
-    from megatron.core import parallel_state
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(free_port())
-    torch.distributed.init_process_group(backend="nccl", rank=0, world_size=1)
-    parallel_state.initialize_model_parallel()
-    model_parallel_cuda_manual_seed(1234)
-    try:
-        with patchkit.applied(*REPLAY_PATCH_IDS):
-            replay.reset()
-            yield cuda
-            replay.reset()
-    finally:
-        parallel_state.destroy_model_parallel()
-        torch.distributed.destroy_process_group()
+def moe_replay_gpu(cuda: torch.device, megatron_gpu: None) -> Iterator[torch.device]:
+    with patchkit.applied(*REPLAY_PATCH_IDS):
+        replay.reset()
+        yield cuda
+        replay.reset()
 
 
 def _on(batch: Batch, device: torch.device) -> Batch:

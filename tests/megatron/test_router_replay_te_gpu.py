@@ -23,19 +23,18 @@ a wrong route changes an output by the order of the output itself).
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-import os
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
+from megatron_gpu_setup import REQUIRES_TE
+from megatron_gpu_setup import te_twin as shared_te_twin
 from patchkit.patches.megatron import router_replay_api as replay
 from replay_models import (
     NUM_EXPERTS,
     REPLAY_PATCH_IDS,
-    VOCAB_SIZE,
     Batch,
     RoutingCapture,
     build_tiny_moe,
@@ -50,63 +49,27 @@ log = logging.getLogger(__name__)
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is None
-                       or importlib.util.find_spec("transformer_engine_torch") is None,
-                       reason="needs a real TransformerEngine (transformer_engine_torch)"),
+    REQUIRES_TE,
 ]
-FUSED_NORMS = ((".input_layernorm.", ".self_attention.linear_qkv.layer_norm_"),
-               (".pre_mlp_layernorm.", ".mlp.linear_fc1.layer_norm_"))
 FLOAT_TOL = 1e-3  # probabilities and loss: TF32 (TE) against fp32 (local) GEMMs
 OUTPUT_TOL = 1e-2  # MoE-layer output, relative to its largest magnitude
 
 
 @pytest.fixture
-def te_replay_gpu() -> Iterator[torch.device]:
+def te_replay_gpu(megatron_gpu: None) -> Iterator[torch.device]:
     """NCCL world of one with the replay patches applied; replay state reset before and after."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    from cpu_harness import free_port
-    from megatron.core import parallel_state
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-
-    torch.cuda.set_device(0)
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(free_port())
-    torch.distributed.init_process_group(backend="nccl", rank=0, world_size=1)
-    parallel_state.initialize_model_parallel()
-    model_parallel_cuda_manual_seed(1234)
-    try:
-        with patchkit.applied(*REPLAY_PATCH_IDS):
-            replay.reset()
-            yield torch.device("cuda", 0)
-            replay.reset()
-    finally:
-        parallel_state.destroy_model_parallel()
-        torch.distributed.destroy_process_group()
+    with patchkit.applied(*REPLAY_PATCH_IDS):
+        replay.reset()
+        yield torch.device("cuda", 0)
+        replay.reset()
 
 
 def te_twin(local: Any) -> Any:
     """The same MoE model on the TE spec, with ``local``'s weights and expert biases (fused norms renamed)."""
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
-
-    spec = get_gpt_layer_with_transformer_engine_spec(num_experts=NUM_EXPERTS, moe_grouped_gemm=False)
-    twin = GPTModel(local.config, spec, vocab_size=VOCAB_SIZE,
-                    max_sequence_length=local.max_sequence_length).cuda()
-    source = {n: p.detach() for n, p in local.named_parameters()}
-    used = set()
+    twin = shared_te_twin(local, num_experts=NUM_EXPERTS, moe_grouped_gemm=False)
     with torch.no_grad():
-        for name, param in twin.named_parameters():
-            key = name
-            for local_part, te_part in FUSED_NORMS:
-                key = key.replace(te_part, local_part)
-            assert key in source, f"no local weight for {name}"
-            assert source[key].shape == param.shape, name
-            param.copy_(source[key])
-            used.add(key)
         for local_router, te_router in zip(_routers(local), _routers(twin), strict=True):
             te_router.expert_bias.copy_(local_router.expert_bias)
-    assert used == set(source), sorted(set(source) - used)
     return twin
 
 

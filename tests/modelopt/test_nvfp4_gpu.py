@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -140,28 +140,6 @@ def test_tiny_blocks_match_modelopts_cuda_kernel(dtype, record_property):
             tiny_blocks=tiny_blocks, elements=total, device=torch.cuda.get_device_name())
     assert beyond_one_ulp_off_tie == 0
     assert distinguishing > 0  # the inputs do tell the two rules apart
-
-
-@pytest.fixture
-def megatron_gpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    from megatron.core import parallel_state
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-    from megatron.core.transformer.moe import moe_utils
-
-    if not hasattr(moe_utils, "te_general_gemm"):
-        monkeypatch.setattr(moe_utils, "te_general_gemm", None, raising=False)
-    if not torch.distributed.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29517")
-        torch.distributed.init_process_group("nccl", rank=0, world_size=1)
-    torch.cuda.set_device(0)
-    parallel_state.initialize_model_parallel()
-    model_parallel_cuda_manual_seed(1234)
-    try:
-        yield
-    finally:
-        parallel_state.destroy_model_parallel()
-        torch.distributed.destroy_process_group()
 
 
 def test_qat_forward_backward_with_modelopts_cuda_kernel(megatron_gpu, record_property):

@@ -10,40 +10,17 @@ on the NVFP4 grid.
 
 from __future__ import annotations
 
-import importlib.util
-import os
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
+from megatron_gpu_setup import REQUIRES_TE
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-    pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is None
-                       or importlib.util.find_spec("transformer_engine_torch") is None,
-                       reason="needs a real TransformerEngine (transformer_engine_torch)"),
+    REQUIRES_TE,
 ]
-
-
-@pytest.fixture
-def megatron_gpu() -> Iterator[None]:
-    from megatron.core import parallel_state
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-
-    if not torch.distributed.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29518")
-        torch.distributed.init_process_group("nccl", rank=0, world_size=1)
-    torch.cuda.set_device(0)
-    parallel_state.initialize_model_parallel()
-    model_parallel_cuda_manual_seed(1234)
-    try:
-        yield
-    finally:
-        parallel_state.destroy_model_parallel()
-        torch.distributed.destroy_process_group()
 
 
 def build_te_gpt(num_experts: int | None) -> Any:

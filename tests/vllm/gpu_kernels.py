@@ -1,6 +1,8 @@
 """vLLM ModelOpt NVFP4 layers on a GPU with vLLM's own CUDA kernels, for the ``gpu``-marked tests.
 
-Shared by ``test_marlin_w4a16_gpu.py`` and ``test_refit_gpu.py``. Sizes suit Marlin (output
+Shared by ``test_marlin_w4a16_gpu.py``, ``test_refit_gpu.py`` and ``test_fp8_refit_gpu.py``: the
+module marks (``GPU``), patches applied for one test (``installed``), a CUDA graph of a forward
+(``capture``/``replay``), the layers, checkpoints and references. Sizes suit Marlin (output
 features a multiple of 64, input features a multiple of 128). The references use no vLLM code: the
 checkpoint is dequantised by ``_nvfp4_checkpoint.dequantize`` and multiplied in float32.
 
@@ -16,8 +18,9 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
+import pytest
 import torch
 from moe_helpers import load_experts_by_mapping
 from nvfp4_helpers import dequantize, export_nvfp4, items, process_weights_after_loading
@@ -26,6 +29,44 @@ HIDDEN, INTERMEDIATE, EXPERTS, TOP_K = 256, 512, 4, 2
 MOE_INTERMEDIATE = 256
 
 _model_numbers = itertools.count()
+
+#: ``pytestmark`` of every test module here: marker ``gpu``, skipped without CUDA.
+GPU = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (vLLM's compiled kernels)"),
+]
+
+Outputs = tuple[torch.Tensor, ...]
+
+
+@contextlib.contextmanager
+def installed(*patch_ids: str) -> Iterator[None]:
+    """``patch_ids`` applied through patchkit (each must install), reverted on exit."""
+    import patchkit
+
+    with patchkit.applied(*patch_ids) as records:
+        assert all(record.state.installed for record in records), [r.to_dict() for r in records]
+        yield
+
+
+def capture(forward: Callable[[], Outputs]) -> tuple[torch.cuda.CUDAGraph, Outputs]:
+    """A CUDA graph of ``forward`` (warmed up on a side stream, as vLLM's runner does) and its outputs."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            forward()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = forward()
+    return graph, outputs
+
+
+def replay(graph: torch.cuda.CUDAGraph, outputs: Outputs) -> Outputs:
+    graph.replay()
+    torch.cuda.synchronize()
+    return tuple(out.clone() for out in outputs)
 
 
 class DenseLayers(torch.nn.Module):

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 from gpu_kernels import (
+    GPU,
     HIDDEN,
     INTERMEDIATE,
     DenseLayers,
@@ -27,6 +28,7 @@ from gpu_kernels import (
     cuda_kernels_run,
     export,
     fake_quantized,
+    installed,
     linear_expected,
     loaded,
     moe_expected,
@@ -38,10 +40,7 @@ from patchkit.patches.vllm._nvfp4_checkpoint import kernel_name
 
 import patchkit
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (vLLM's Marlin kernels)"),
-]
+pytestmark = GPU
 
 logger = logging.getLogger(__name__)
 MARLIN = "vllm.nvfp4_marlin_w4a16"
@@ -59,9 +58,7 @@ def flashinfer_installed() -> bool:
 
 @pytest.fixture
 def marlin_patch() -> Iterator[None]:
-    with patchkit.applied(MARLIN) as records:
-        (record,) = records
-        assert record.state.installed, record.to_dict()
+    with installed(MARLIN):
         yield
 
 

@@ -18,63 +18,40 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 from gpu_kernels import (
+    GPU,
     HIDDEN,
     INTERMEDIATE,
     DenseLayers,
     MoELayer,
+    Outputs,
     activations,
     assert_within,
+    capture,
     export,
     fake_quantized,
     forward_context,
+    installed,
     kernel_tensors,
     linear_expected,
     loaded,
     moe_expected,
     on_gpu,
+    replay,
     trained_dense,
     trained_moe,
 )
 from nvfp4_helpers import dummy_started
 from patchkit.patches.vllm.refit import RefitError, refit_weights
 
-import patchkit
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (vLLM's Marlin kernels)"),
-]
-
-Outputs = tuple[torch.Tensor, ...]
+pytestmark = GPU
 
 
 @pytest.fixture(params=["w4a4-checkpoint-on-marlin", "w4a16-patch"])
 def refit_patches(request: pytest.FixtureRequest) -> Iterator[None]:
     """``vllm.nvfp4_refit``, with or without ``vllm.nvfp4_marlin_w4a16`` (on Hopper both serve on Marlin)."""
     patches = ["vllm.nvfp4_refit"] + (["vllm.nvfp4_marlin_w4a16"] if request.param == "w4a16-patch" else [])
-    with patchkit.applied(*patches) as records:
-        assert all(record.state.installed for record in records), [r.to_dict() for r in records]
+    with installed(*patches):
         yield
-
-
-def capture(forward: Callable[[], Outputs]) -> tuple[torch.cuda.CUDAGraph, Outputs]:
-    """A CUDA graph of ``forward`` (warmed up on a side stream, as vLLM's runner does) and its outputs."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            forward()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outputs = forward()
-    return graph, outputs
-
-
-def replay(graph: torch.cuda.CUDAGraph, outputs: Outputs) -> Outputs:
-    graph.replay()
-    torch.cuda.synchronize()
-    return tuple(out.clone() for out in outputs)
 
 
 def refit_ten_times_then_fail(

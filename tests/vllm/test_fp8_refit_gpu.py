@@ -1,0 +1,116 @@
+"""``vllm.fp8_refit`` on vLLM's real CUDA kernels, with a CUDA graph captured before the refits.
+
+Run with ``pytest -m gpu tests/vllm`` on a CUDA machine with vLLM's compiled kernels (skipped
+elsewhere). The CPU tests (``test_fp8_refit.py``) stand in for ``static_scaled_fp8_quant``; here
+nothing is replaced: vLLM's own FP8 processing (per-tensor weights requantised to one scale by its
+CUDA op, block-wise scales as they come) and the kernels vLLM picks on this GPU for the forward.
+The layers are ``fp8_helpers``' (a fused ``gate_up`` and a ``down`` linear; a 4-expert fused-MoE
+layer), per-tensor and block-wise (128 x 128). As verl runs it: a dummy start, a CUDA graph of the
+forward captured, then refits of two checkpoints, alternating. After each: every kernel tensor at
+its address, every kernel tensor equal bit for bit to vLLM's own first load of that checkpoint into a
+fresh model, and the graph's replay equal bit for bit to an eager forward and to the fresh model's
+forward. A refit with a wrong shape in the last layer raises ``RefitError`` and the graph serves the
+old weights bit for bit.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import pytest
+import torch
+from fp8_helpers import HIDDEN, Fp8Linears, Fp8Moe, linear_checkpoint, moe_checkpoint
+from gpu_kernels import GPU, Outputs, activations, capture, forward_context, installed, kernel_tensors, on_gpu, replay
+from nvfp4_helpers import bits, dummy_started, process_weights_after_loading
+from patchkit.patches.vllm.refit import RefitError, refit_weights
+
+pytestmark = GPU
+logger = logging.getLogger(__name__)
+
+KINDS = {"linear": (Fp8Linears, linear_checkpoint), "moe": (Fp8Moe, moe_checkpoint)}
+CASES = [pytest.param(kind, block, id=f"{kind}-{'block' if block else 'per-tensor'}")
+         for kind in KINDS for block in (False, True)]
+
+
+@pytest.fixture
+def fp8_refit_on_gpu() -> Iterator[None]:
+    with installed("vllm.fp8_refit"):
+        yield
+
+
+def first_load(kind: str, block: bool, checkpoint: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """vLLM's own first load on the GPU: a fresh model, its loaders, its processing."""
+    with torch.device("cuda"):
+        model = KINDS[kind][0](block)
+    model.load_weights(on_gpu(checkpoint))
+    process_weights_after_loading(model)
+    return model
+
+
+def forward_of(kind: str, vllm_config: object):
+    """The forward a captured graph runs: bf16 activations through every layer of the model."""
+    if kind == "linear":
+        x_up, x_down = activations(16, HIDDEN, seed=4), activations(16, HIDDEN, seed=5)
+
+        def linear_forward(model: torch.nn.Module) -> Outputs:
+            return model.gate_up(x_up)[0], model.down(x_down)[0]
+
+        return linear_forward
+    x, logits = activations(16, HIDDEN, seed=6), activations(16, 4, seed=7)
+
+    def moe_forward(model: torch.nn.Module) -> Outputs:
+        with forward_context(vllm_config):
+            return (model.experts(x, logits),)
+
+    return moe_forward
+
+
+def assert_same_tensors(model: torch.nn.Module, reference: torch.nn.Module, step: int) -> None:
+    ours = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    theirs = {**dict(reference.named_parameters()), **dict(reference.named_buffers())}
+    assert ours.keys() == theirs.keys()
+    for name, tensor in theirs.items():
+        assert (ours[name].shape, ours[name].dtype) == (tensor.shape, tensor.dtype), name
+        assert torch.equal(bits(ours[name]), bits(tensor)), f"refit {step}: {name} differs from vLLM's first load"
+
+
+def _method(model: torch.nn.Module) -> str:
+    layer = model.gate_up if hasattr(model, "gate_up") else model.routed
+    method = layer.quant_method
+    kernels = (getattr(method, a, None) for a in ("fp8_linear", "kernel", "fp8_backend"))
+    kernel = next((k for k in kernels if k is not None), None)
+    return f"{type(method).__name__} ({type(kernel).__name__ if kernel is not None else '-'}: {kernel})"
+
+
+@pytest.mark.parametrize(("kind", "block"), CASES)
+def test_fp8_refits_on_vllms_kernels_equal_its_first_load_under_a_captured_graph(
+        fp8_refit_on_gpu: None, vllm_config: object, kind: str, block: bool) -> None:
+    states = [KINDS[kind][1](block, seed=seed) for seed in (1, 2)]
+    with torch.device("cuda"):
+        model = dummy_started(KINDS[kind][0](block), vllm_config)
+    forward = forward_of(kind, vllm_config)
+    logger.info("%s %s: %s", kind, "block" if block else "per-tensor", _method(model))
+    pointers = kernel_tensors(model)
+    graph, outputs = capture(lambda: forward(model))
+    for step in range(6):
+        checkpoint = states[step % 2]
+        refit_weights(model, on_gpu(checkpoint))
+        assert kernel_tensors(model) == pointers, f"refit {step} moved kernel tensors"
+        fresh = first_load(kind, block, checkpoint)
+        assert_same_tensors(model, fresh, step)
+        served = replay(graph, outputs)
+        for got, eager, theirs in zip(served, forward(model), forward(fresh), strict=True):
+            assert torch.isfinite(got.float()).all() and got.abs().sum() > 0, f"refit {step}"
+            assert torch.equal(got, eager), f"refit {step}: the graph does not serve what eager forward does"
+            assert torch.equal(got, theirs), f"refit {step}: the refit serves other outputs than vLLM's first load"
+    assert not torch.equal(replay(graph, outputs)[0], forward(first_load(kind, block, states[0]))[0])
+    before = replay(graph, outputs)
+    broken = dict(states[0])
+    last = next(n for n in reversed(broken) if n.endswith(".weight"))
+    broken[last] = broken[last][:, : broken[last].shape[1] // 2].contiguous()
+    with pytest.raises(RefitError):
+        refit_weights(model, on_gpu(broken))
+    assert kernel_tensors(model) == pointers
+    for got, want in zip(replay(graph, outputs), before, strict=True):
+        assert torch.equal(got, want), "a failed refit changed what the graph serves"
