@@ -6,8 +6,8 @@ import patchkit
 
 from .refit import PATCH_ID, RefitError
 
-#: the patches that record layers for ``refit``: NVFP4 (the backend's own id) and FP8
-RECORDING_PATCHES = (PATCH_ID, "vllm.fp8_refit")
+#: the patches that record layers for ``refit``: NVFP4 (the backend's own id), FP8 and MXFP4 MoE
+RECORDING_PATCHES = (PATCH_ID, "vllm.fp8_refit", "vllm.mxfp4_moe_refit")
 
 
 def current_mode() -> str:

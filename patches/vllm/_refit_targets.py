@@ -7,7 +7,10 @@
   ``Fp8LinearMethod``/``Fp8MoEMethod`` exactly): refitted once their patch has recorded the layer; a
   layer of one of these that was processed before its patch recorded it is refused by name, naming
   the patch.
-- Anything else (compressed-tensors, whose scheme hangs off ``layer.scheme``; MXFP4; AWQ/GPTQ; online
+- MXFP4 fused-MoE (``vllm.mxfp4_moe_refit``, ``GptOssMxfp4MoEMethod``/``Mxfp4MoEMethod`` exactly): the
+  same, for a layer on a backend the refit is proven on (``_mxfp4_targets``); any other MXFP4 layer is
+  refused, its backend named.
+- Anything else (compressed-tensors, whose scheme hangs off ``layer.scheme``; AWQ/GPTQ; online
   FP8, a bf16 checkpoint quantised at load, whose classes subclass neither FP8 method): refused.
   Their processing turns checkpoint tensors into kernel tensors patchkit has not recorded, so vLLM's
   loaders would write raw checkpoint values into them and the model would serve garbage.
@@ -23,6 +26,7 @@ from typing import Any
 
 from vllm.model_executor.layers.quantization import fp8
 
+from . import _mxfp4_targets
 from ._nvfp4_targets import nvfp4_method_classes
 
 _FP8_NAMES = ("Fp8LinearMethod", "Fp8MoEMethod")
@@ -30,7 +34,7 @@ _FP8_NAMES = ("Fp8LinearMethod", "Fp8MoEMethod")
 #: What a refit takes, for error messages.
 SUPPORTED = (
     "unquantized layers, KV-cache scales, ModelOpt NVFP4 layers (vllm.nvfp4_refit) and FP8-serialised"
-    " Fp8LinearMethod/Fp8MoEMethod layers (vllm.fp8_refit)"
+    " Fp8LinearMethod/Fp8MoEMethod layers (vllm.fp8_refit), " + _mxfp4_targets.SUPPORTED
 )
 
 
@@ -47,6 +51,8 @@ def recording_patch(method: Any) -> str | None:
         return "vllm.fp8_refit"
     if isinstance(method, _nvfp4_classes()):
         return "vllm.nvfp4_refit"
+    if _mxfp4_targets.is_mxfp4_method(method) and _mxfp4_targets.unrefittable_reason(method) is None:
+        return "vllm.mxfp4_moe_refit"
     return None
 
 
@@ -69,6 +75,8 @@ def describe_method(layer: Any, method: Any) -> str:
     scheme = getattr(layer, "scheme", None)
     if scheme is not None:
         text += f" (scheme {type(scheme).__name__})"
+    if _mxfp4_targets.is_mxfp4_method(method):
+        text += f" ({_mxfp4_targets.unrefittable_reason(method) or 'MXFP4 backend ' + _mxfp4_targets.backend_name(method)})"
     return text
 
 
