@@ -10,7 +10,7 @@ Both pick a backend at construction (``method.mxfp4_backend``, from
 A refit re-runs that processing on fresh checkpoint tensors and copies what lands on the layer into
 the tensors in use. That is exact only where every tensor the kernel reads lives on the layer:
 
-- ``MARLIN`` (Hopper and older CUDA GPUs, and the backend ``--moe-backend marlin`` asks for): the
+- ``MARLIN`` (CUDA GPUs of capability 7.5+; what ``--moe-backend marlin`` asks for): the
   weights are repacked and the scales permuted into new layer parameters; the method's quant config
   and kernel hold those parameter objects, which a refit keeps. Proven on CPU against vLLM's own first
   load (tests/vllm/test_mxfp4_moe_refit.py).

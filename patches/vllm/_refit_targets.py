@@ -76,7 +76,8 @@ def describe_method(layer: Any, method: Any) -> str:
     if scheme is not None:
         text += f" (scheme {type(scheme).__name__})"
     if _mxfp4_targets.is_mxfp4_method(method):
-        text += f" ({_mxfp4_targets.unrefittable_reason(method) or 'MXFP4 backend ' + _mxfp4_targets.backend_name(method)})"
+        reason = _mxfp4_targets.unrefittable_reason(method)
+        text += f" ({reason or 'MXFP4 backend ' + _mxfp4_targets.backend_name(method)})"
     return text
 
 

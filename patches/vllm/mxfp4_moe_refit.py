@@ -9,9 +9,8 @@ What upstream does (``vllm/model_executor/layers/quantization/mxfp4.py`` and
 (gpt-oss checkpoints; on 0.24 also every ``mxfp4`` one) and ``Mxfp4MoEMethod`` (0.29+, the canonical
 ``mxfp4`` method) register uint8 ``w13_weight``/``w2_weight`` (two E2M1 values a byte), uint8 E8M0
 ``w13_weight_scale``/``w2_weight_scale`` (one per 32 values) and, for gpt-oss, bf16 biases.
-Processing converts them to the selected backend's layout; on MARLIN (Hopper) the weights become int32
-Marlin tiles and the scales permuted E8M0 of another shape, so a second ``load_weights`` fails on the
-shapes (vLLM <= 0.29 also dropped ``weight_loader`` with the replaced parameters).
+Processing converts them to the selected backend's layout; on MARLIN the weights become int32 Marlin
+tiles and the scales permuted E8M0 of another shape, so a second ``load_weights`` fails on the shapes.
 
 Covered: the MARLIN backend with unpadded sizes (``_mxfp4_targets`` says why the others are refused:
 the Triton backends keep swizzled scales in the method's precision configs, the rest could not be

@@ -177,3 +177,31 @@ def _native_reload(model: torch.nn.Module, weights: dict[str, torch.Tensor], vll
     reload.initialize_layerwise_reload(model)
     model.load_weights(items(weights))
     reload.finalize_layerwise_reload(model, vllm_config.model_config)
+
+
+
+@pytest.mark.parametrize("kind", mxfp4_kinds())
+def test_native_reload_serves_good_mxfp4_weights_in_the_same_tensors(
+    marlin: None, vllm_config: object, kind: str
+) -> None:
+    """Upstream does the good path: a reload equals a first load, in the same tensor objects and storage."""
+    model = _natively_loaded(kind)
+    before = identities(model)
+    weights = checkpoint(kind, seed=2)
+    _native_reload(model, weights, vllm_config)
+    assert_same_as_first_load(model, weights)
+    assert identities(model) == before
+
+
+@pytest.mark.parametrize("kind", mxfp4_kinds())
+@pytest.mark.parametrize("spoil", [_wrong_shape, _missing_scale], ids=["wrong-shape", "missing-scale"])
+def test_native_reload_takes_a_bad_mxfp4_tensor_without_an_error(
+    marlin: None, vllm_config: object, kind: str, spoil: Callable[[dict[str, torch.Tensor]], str]
+) -> None:
+    """A half-width weight or a missing scale: no error, the layer is processed from what the reload's
+    staging memory held (uninitialised where nothing was written); patchkit refuses both (above)."""
+    model = _natively_loaded(kind)
+    bad = checkpoint(kind, seed=2)
+    spoil(bad)
+    _native_reload(model, bad, vllm_config)
+    assert not any(p.is_meta for p in model.parameters())

@@ -3,11 +3,11 @@ self-check; shared with tests/vllm/test_mxfp4_moe_refit.py.
 
 The layer is built by vLLM's MoE factory with ``GptOssMxfp4Config`` (``kind="gpt_oss"``: gpt-oss
 checkpoints, biases, SwiGLU-OAI activation) or ``Mxfp4Config`` (``kind="mxfp4"``), on vLLM's MARLIN
-backend (``kernel_config.moe_backend = "marlin"``: vLLM's ``--moe-backend marlin``, what the oracle
-picks on Hopper for ``Mxfp4MoEMethod``). Checkpoint tensors are loaded as vLLM's models load them:
-gpt-oss hands whole fused tensors to the layer's ``weight_loader`` (``shard_id=None``,
-``expert_id=None``; ``GptOssModel._load_weights_mxfp4`` with one rank), ``mxfp4`` per-expert
-``gate_proj``/``up_proj``/``down_proj`` tensors through vLLM's ``make_expert_params_mapping``.
+backend (``kernel_config.moe_backend = "marlin"``: vLLM's ``--moe-backend marlin``). Checkpoint
+tensors are loaded as vLLM's models load them: gpt-oss hands whole fused tensors to the layer's
+``weight_loader`` (``shard_id=None``, ``expert_id=None``; ``GptOssModel._load_weights_mxfp4`` with one
+rank), ``mxfp4`` per-expert ``gate_proj``/``up_proj``/``down_proj`` tensors through vLLM's
+``make_expert_params_mapping``.
 
 :func:`marlin_backend` on CPU stands in for what needs CUDA, and only that: Marlin's device check
 (``MarlinExpertsBase._supports_current_device``: CUDA, capability 7.5+) answers True, and the CUDA op
