@@ -23,7 +23,7 @@ are absent the scales in use are kept. No vLLM range is declared ``native`` yet 
 
 Errors are :class:`RefitError` and leave every layer serving the weights it served before. A model
 with a layer of a quantization method patchkit cannot refit (anything but unquantized layers, KV-cache
-scales and the recorded ModelOpt NVFP4 and FP8 methods) is refused whole, before any write, with
+scales and the recorded ModelOpt NVFP4, FP8 and MXFP4-on-Marlin MoE methods) is refused whole, before any write, with
 :class:`UnsupportedQuantizationError` naming the layer and its method.
 Each call claims the model: a second thread refitting the same model meanwhile gets
 :class:`RefitInProgressError` at once. SIGINT and SIGTERM (with a Python handler) are held while a
