@@ -41,8 +41,8 @@ class RefitInProgressError(RefitError):
 
 
 class UnsupportedQuantizationError(RefitError):
-    """A layer's quantization method is not one patchkit can refit (compressed-tensors, MXFP4, AWQ,
-    GPTQ, online FP8...): vLLM's loaders would write checkpoint tensors into its processed kernel
+    """A layer's quantization method is not one patchkit can refit (compressed-tensors, MXFP4 off
+    Marlin, AWQ, GPTQ, online FP8...): vLLM's loaders would write checkpoint tensors into its processed kernel
     tensors. Raised before anything is changed.
 
     ``method`` names the layer's quant method class (and, for compressed-tensors, its scheme);

@@ -10,7 +10,10 @@
 - compressed-tensors NVFP4 (``vllm.compressed_tensors_nvfp4_refit``): a ``CompressedTensorsLinearMethod``
   layer whose ``layer.scheme`` is ``CompressedTensorsW4A4Fp4``, and ``CompressedTensorsW4A4Nvfp4MoEMethod``;
   the same rule (recorded, else refused naming the patch).
-- Anything else (other compressed-tensors schemes, which hang off ``layer.scheme``; MXFP4; AWQ/GPTQ; online
+- MXFP4 fused-MoE (``vllm.mxfp4_moe_refit``, ``GptOssMxfp4MoEMethod``/``Mxfp4MoEMethod`` exactly): the
+  same, for a layer on a backend the refit is proven on (``_mxfp4_targets``); any other MXFP4 layer is
+  refused, its backend named.
+- Anything else (other compressed-tensors schemes, which hang off ``layer.scheme``; AWQ/GPTQ; online
   FP8, a bf16 checkpoint quantised at load, whose classes subclass neither FP8 method): refused.
   Their processing turns checkpoint tensors into kernel tensors patchkit has not recorded, so vLLM's
   loaders would write raw checkpoint values into them and the model would serve garbage.
@@ -26,6 +29,7 @@ from typing import Any
 
 from vllm.model_executor.layers.quantization import fp8
 
+from . import _mxfp4_targets
 from ._nvfp4_targets import nvfp4_method_classes
 
 _FP8_NAMES = ("Fp8LinearMethod", "Fp8MoEMethod")
@@ -34,7 +38,7 @@ _FP8_NAMES = ("Fp8LinearMethod", "Fp8MoEMethod")
 SUPPORTED = (
     "unquantized layers, KV-cache scales, ModelOpt NVFP4 layers (vllm.nvfp4_refit) and FP8-serialised"
     " Fp8LinearMethod/Fp8MoEMethod layers (vllm.fp8_refit), compressed-tensors NVFP4 layers"
-    " (vllm.compressed_tensors_nvfp4_refit)"
+    " (vllm.compressed_tensors_nvfp4_refit), " + _mxfp4_targets.SUPPORTED
 )
 
 
@@ -53,6 +57,8 @@ def recording_patch(method: Any, layer: Any = None) -> str | None:
         return "vllm.nvfp4_refit"
     if _is_compressed_tensors_nvfp4(method, layer):
         return "vllm.compressed_tensors_nvfp4_refit"
+    if _mxfp4_targets.is_mxfp4_method(method) and _mxfp4_targets.unrefittable_reason(method) is None:
+        return "vllm.mxfp4_moe_refit"
     return None
 
 
@@ -81,6 +87,9 @@ def describe_method(layer: Any, method: Any) -> str:
     scheme = getattr(layer, "scheme", None)
     if scheme is not None:
         text += f" (scheme {type(scheme).__name__})"
+    if _mxfp4_targets.is_mxfp4_method(method):
+        reason = _mxfp4_targets.unrefittable_reason(method)
+        text += f" ({reason or 'MXFP4 backend ' + _mxfp4_targets.backend_name(method)})"
     return text
 
 

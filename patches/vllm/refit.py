@@ -30,10 +30,10 @@ docs/vllm-refit.md tells the whole story.
 
 Errors are :class:`RefitError` and leave every layer serving the weights it served before. A model
 with a layer of a quantization method patchkit cannot refit (anything but unquantized layers, KV-cache
-scales and the recorded ModelOpt NVFP4, FP8 and compressed-tensors NVFP4 methods) is refused whole,
-before any write, with :class:`UnsupportedQuantizationError` naming the layer and its method. Refit
-tensors go to vLLM's loaders on whatever device they are (their ``copy_`` moves them onto the
-parameter's); one on the ``meta`` device holds no data and is refused with :class:`RefitDeviceError`
+scales and the recorded ModelOpt NVFP4, FP8, compressed-tensors NVFP4 and MXFP4-on-Marlin MoE methods)
+is refused whole, before any write, with :class:`UnsupportedQuantizationError` naming the layer and its
+method. Refit tensors go to vLLM's loaders on whatever device they are (their ``copy_`` moves them onto
+the parameter's); one on the ``meta`` device holds no data and is refused with :class:`RefitDeviceError`
 before its loader runs.
 Each call claims the model: a second thread refitting the same model meanwhile gets
 :class:`RefitInProgressError` at once. SIGINT and SIGTERM (with a Python handler) are held while a

@@ -543,6 +543,28 @@ RECORDS = {
             )),
         ),
     },
+    'vllm.mxfp4_moe_refit': {
+        'mxfp4-moe-marlin': (
+            ((('vllm', '0.24.0'),), 'verified', (
+                ('vllm.model_executor.layers.quantization.mxfp4:GptOssMxfp4MoEMethod.create_weights', 'd588281de819852b'),
+                ('vllm.model_executor.layers.quantization.mxfp4:GptOssMxfp4MoEMethod.process_weights_after_loading', '15ba6c6e3f36fa3c'),
+                ('vllm.model_executor.layers.quantization.mxfp4:Mxfp4MoEMethod.create_weights', 'd588281de819852b'),
+                ('vllm.model_executor.layers.quantization.mxfp4:Mxfp4MoEMethod.process_weights_after_loading', 'bb74c3a8c73b1dfd'),
+            )),
+            ((('vllm', '0.29.0'),), 'verified', (
+                ('vllm.model_executor.layers.quantization.mxfp4:GptOssMxfp4MoEMethod.create_weights', '6d371365dfcd8dea'),
+                ('vllm.model_executor.layers.quantization.mxfp4:GptOssMxfp4MoEMethod.process_weights_after_loading', '15ba6c6e3f36fa3c'),
+                ('vllm.model_executor.layers.quantization.mxfp4:Mxfp4MoEMethod.create_weights', 'e8497c61f6913577'),
+                ('vllm.model_executor.layers.quantization.mxfp4:Mxfp4MoEMethod.process_weights_after_loading', 'bb74c3a8c73b1dfd'),
+            )),
+            ((('vllm', '0.33.0'),), 'verified', (
+                ('vllm.model_executor.layers.quantization.mxfp4:GptOssMxfp4MoEMethod.create_weights', '6d371365dfcd8dea'),
+                ('vllm.model_executor.layers.quantization.mxfp4:GptOssMxfp4MoEMethod.process_weights_after_loading', '15ba6c6e3f36fa3c'),
+                ('vllm.model_executor.layers.quantization.mxfp4:Mxfp4MoEMethod.create_weights', 'e8497c61f6913577'),
+                ('vllm.model_executor.layers.quantization.mxfp4:Mxfp4MoEMethod.process_weights_after_loading', '61647e60f816fe2d'),
+            )),
+        ),
+    },
     'vllm.nvfp4_marlin_w4a16': {
         'quant-method-w4a16': (
             ((('vllm', '0.24.0'),), 'verified', (

@@ -1,0 +1,235 @@
+"""A one-layer MXFP4 fused-MoE model of vLLM's own layer, its checkpoints, and the ``vllm.mxfp4_moe_refit``
+self-check; shared with tests/vllm/test_mxfp4_moe_refit.py.
+
+The layer is built by vLLM's MoE factory with ``GptOssMxfp4Config`` (``kind="gpt_oss"``: gpt-oss
+checkpoints, biases, SwiGLU-OAI activation) or ``Mxfp4Config`` (``kind="mxfp4"``), on vLLM's MARLIN
+backend (``kernel_config.moe_backend = "marlin"``: vLLM's ``--moe-backend marlin``). Checkpoint
+tensors are loaded as vLLM's models load them: gpt-oss hands whole fused tensors to the layer's
+``weight_loader`` (``shard_id=None``, ``expert_id=None``; ``GptOssModel._load_weights_mxfp4`` with one
+rank), ``mxfp4`` per-expert ``gate_proj``/``up_proj``/``down_proj`` tensors through vLLM's
+``make_expert_params_mapping``.
+
+:func:`marlin_backend` on CPU stands in for what needs CUDA, and only that: Marlin's device check
+(``MarlinExpertsBase._supports_current_device``: CUDA, capability 7.5+) answers True, and the CUDA op
+``gptq_marlin_repack`` is replaced by a reshape to the shape Marlin returns (a stand-in layout: every
+output bit comes from one input bit, so the comparisons below see every byte of the checkpoint; no
+Marlin forward can run). The scale permutation and E8M0 conversion are vLLM's own torch code. Without a
+``ModelConfig`` (the doctor's vLLM context) the two fields the MXFP4 oracle reads of it are given:
+no quantization-config override, bfloat16.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+
+from patchkit.selfcheck import CheckContext, NeedsGPU, SelfCheckFailed, expect
+
+EXPERTS = 4
+#: Marlin tiles: hidden a multiple of 256, intermediate of 128 (else vLLM pads and the refit refuses)
+HIDDEN, INTERMEDIATE = 256, 256
+MXFP4_BLOCK = 32
+KINDS = ("gpt_oss", "mxfp4")
+_numbers = itertools.count()  # vLLM registers MoE layers by prefix in the process-wide context
+
+
+def _marlin_repack_standin(b_q_weight: torch.Tensor, size_k: int, size_n: int, num_bits: int,
+                           **_: object) -> torch.Tensor:  # 0.24 passes perm=, 0.33 is_a_8bit=
+    assert num_bits == 4
+    return b_q_weight.reshape(size_k // 16, size_n * 16 // 8).clone()
+
+
+@contextlib.contextmanager
+def _model_config_fields() -> Iterator[None]:
+    """What the MXFP4 oracle reads of the model config, where the current vLLM config has none."""
+    from types import SimpleNamespace
+
+    from vllm.config import get_current_vllm_config
+
+    config = get_current_vllm_config()
+    if config.model_config is not None:
+        yield
+        return
+    object.__setattr__(config, "model_config", SimpleNamespace(quantization_config=None, dtype=torch.bfloat16))
+    try:
+        yield
+    finally:
+        object.__setattr__(config, "model_config", None)
+
+
+@contextlib.contextmanager
+def marlin_backend(device: str) -> Iterator[None]:
+    """vLLM's MARLIN MXFP4 MoE backend for layers built in the block (CPU: the stand-ins above)."""
+    from vllm.config import get_current_vllm_config
+
+    kernel_config = get_current_vllm_config().kernel_config
+    saved_backend = kernel_config.moe_backend
+    with contextlib.ExitStack() as stack:
+        kernel_config.moe_backend = "marlin"
+        stack.callback(setattr, kernel_config, "moe_backend", saved_backend)
+        stack.enter_context(_model_config_fields())
+        if device == "cpu":
+            import vllm._custom_ops as ops
+            from vllm.model_executor.layers.fused_moe.experts.marlin_moe import MarlinExpertsBase
+
+            saved_repack = ops.gptq_marlin_repack
+            saved_check = MarlinExpertsBase.__dict__["_supports_current_device"]
+            ops.gptq_marlin_repack = _marlin_repack_standin
+            MarlinExpertsBase._supports_current_device = staticmethod(lambda: True)
+            stack.callback(setattr, ops, "gptq_marlin_repack", saved_repack)
+            stack.callback(setattr, MarlinExpertsBase, "_supports_current_device", saved_check)
+        yield
+
+
+def _config(kind: str) -> Any:
+    from vllm.model_executor.layers.quantization import mxfp4
+
+    return mxfp4.GptOssMxfp4Config() if kind == "gpt_oss" else mxfp4.Mxfp4Config()
+
+
+class Mxfp4Moe(torch.nn.Module):
+    """One vLLM fused-MoE layer (``experts``) with an MXFP4 config; build inside :func:`marlin_backend`."""
+
+    def __init__(self, kind: str, hidden: int = HIDDEN, intermediate: int = INTERMEDIATE) -> None:
+        from vllm.model_executor.layers import fused_moe
+
+        super().__init__()
+        self.kind = kind
+        factory = getattr(fused_moe, "FusedMoEFactory", None) or fused_moe.FusedMoE  # 0.25+ / 0.24
+        extra = {"has_bias": True, "activation": "swigluoai"} if kind == "gpt_oss" else {}
+        self.experts = factory(
+            num_experts=EXPERTS, top_k=2, hidden_size=hidden, intermediate_size=intermediate,
+            params_dtype=torch.bfloat16, quant_config=_config(kind),
+            prefix=f"patchkit_mxfp4_moe{next(_numbers)}.experts", tp_size=1, dp_size=1, pcp_size=1, **extra,
+        )
+
+    @property
+    def routed(self) -> torch.nn.Module:
+        """The module that owns the expert parameters and their ``weight_loader``."""
+        return getattr(self.experts, "routed_experts", self.experts)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        loaded = set()
+        if self.kind == "gpt_oss":
+            # ``experts.<parameter>``: vLLM's gpt-oss model maps its checkpoint names onto these
+            params = dict(self.routed.named_parameters())  # read once, as vLLM's models do
+            for name, tensor in weights:
+                param = params[name.removeprefix("experts.")]
+                param.weight_loader(param, tensor, weight_name=name, shard_id=None, expert_id=None)
+                loaded.add(name)
+            return loaded
+        from vllm.model_executor.layers.fused_moe.layer import fused_moe_make_expert_params_mapping
+
+        mapping = fused_moe_make_expert_params_mapping(self, "gate_proj", "down_proj", "up_proj", EXPERTS)
+        params = dict(self.named_parameters())
+        for name, tensor in weights:
+            for param_name, weight_name, expert_id, shard_id in mapping:
+                if weight_name in name:
+                    mapped = name.replace(weight_name, param_name)
+                    param = params[mapped]
+                    param.weight_loader(param, tensor, mapped, shard_id=shard_id, expert_id=expert_id)
+                    loaded.add(mapped)
+                    break
+            else:
+                raise ValueError(f"no fused-MoE parameter for {name!r}")
+        return loaded
+
+
+def _packed(generator: torch.Generator, *shape: int) -> torch.Tensor:
+    """Random bytes: two E2M1 values each (every pattern is a number)."""
+    return torch.randint(0, 256, shape, generator=generator, dtype=torch.uint8)
+
+
+def _scales(generator: torch.Generator, *shape: int) -> torch.Tensor:
+    """E8M0 exponents around 2^0 (uint8, as gpt-oss checkpoints store them; 255 would be NaN)."""
+    return torch.randint(120, 135, shape, generator=generator, dtype=torch.uint8)
+
+
+def checkpoint(kind: str, seed: int, hidden: int = HIDDEN, intermediate: int = INTERMEDIATE) -> dict[str, torch.Tensor]:
+    """A random MXFP4 checkpoint: gpt-oss fused tensors, or per-expert projections (``kind="mxfp4"``)."""
+    generator = torch.Generator().manual_seed(seed)
+    if kind == "gpt_oss":
+        return {
+            "experts.w13_weight": _packed(generator, EXPERTS, 2 * intermediate, hidden // 2),
+            "experts.w13_weight_scale": _scales(generator, EXPERTS, 2 * intermediate, hidden // MXFP4_BLOCK),
+            "experts.w13_bias": torch.randn(EXPERTS, 2 * intermediate, generator=generator).to(torch.bfloat16),
+            "experts.w2_weight": _packed(generator, EXPERTS, hidden, intermediate // 2),
+            "experts.w2_weight_scale": _scales(generator, EXPERTS, hidden, intermediate // MXFP4_BLOCK),
+            "experts.w2_bias": torch.randn(EXPERTS, hidden, generator=generator).to(torch.bfloat16),
+        }
+    tensors = {}
+    for expert, (proj, (out, inp)) in itertools.product(
+        range(EXPERTS), (("gate_proj", (intermediate, hidden)), ("up_proj", (intermediate, hidden)),
+                         ("down_proj", (hidden, intermediate)))):
+        tensors[f"experts.{expert}.{proj}.weight"] = _packed(generator, out, inp // 2)
+        tensors[f"experts.{expert}.{proj}.weight_scale"] = _scales(generator, out, inp // MXFP4_BLOCK)
+    return tensors
+
+
+def first_load(kind: str, weights: dict[str, torch.Tensor], device: str = "cpu") -> Mxfp4Moe:
+    """vLLM's own first load: a fresh model, its loaders, its processing (inside :func:`marlin_backend`)."""
+    from .._nvfp4_checkpoint import process_weights_after_loading
+
+    with torch.device(device):
+        model = Mxfp4Moe(kind)
+    model.load_weights((name, tensor.to(device)) for name, tensor in weights.items())
+    process_weights_after_loading(model)
+    return model
+
+
+def kernel_bytes(model: torch.nn.Module) -> dict[str, tuple[torch.Size, torch.dtype, torch.Tensor]]:
+    """Every parameter: shape, dtype and bytes (for bit-exact comparison, NaN included)."""
+    return {name: (p.shape, p.dtype, p.detach().reshape(-1).view(torch.uint8).cpu().clone())
+            for name, p in model.named_parameters()}
+
+
+def differing(model: torch.nn.Module, reference: dict[str, tuple[torch.Size, torch.dtype, torch.Tensor]]) -> list[str]:
+    """The parameters of ``model`` that differ from ``reference`` (:func:`kernel_bytes`) in shape, dtype or a bit."""
+    ours = kernel_bytes(model)
+    names = sorted(ours.keys() | reference.keys())
+    return [n for n in names if n not in ours or n not in reference or ours[n][:2] != reference[n][:2]
+            or not torch.equal(ours[n][2], reference[n][2])]
+
+
+def _identities(model: torch.nn.Module) -> dict[str, tuple[int, int]]:
+    return {name: (id(p), p.data_ptr()) for name, p in model.named_parameters()}
+
+
+def check_mxfp4_moe_refit(context: CheckContext) -> None:
+    """Load one gpt-oss MXFP4 checkpoint, refit another, refit back: each time the layer's kernel tensors
+    equal vLLM's own first load of that checkpoint bit for bit, in the same tensor objects and storage."""
+    from ..refit import refit
+    from ._cpu_stand_in import vllm_context
+
+    device = context.device
+    first, second = checkpoint("gpt_oss", seed=1), checkpoint("gpt_oss", seed=2)
+    with vllm_context(device), marlin_backend(device):
+        try:
+            model = first_load("gpt_oss", first, device)
+        except NotImplementedError as exc:  # vLLM's MXFP4 oracle found no backend here
+            raise NeedsGPU(f"vLLM selects no MXFP4 MoE backend here ({str(exc)[:160]})") from exc
+        backend = str(getattr(model.routed.quant_method.mxfp4_backend, "name", "?"))
+        expect(backend == "MARLIN", "vLLM's gpt-oss MXFP4 MoE layer runs the MARLIN backend", "MARLIN", backend)
+        loaded = {"the first checkpoint": kernel_bytes(model)}
+        identities = _identities(model)
+        for step, weights, name in (("refit with a second checkpoint", second, "the second checkpoint"),
+                                    ("refit back", first, "the first checkpoint")):
+            try:
+                with refit(model):
+                    model.load_weights((k, v.to(device)) for k, v in weights.items())
+            except Exception as exc:
+                raise SelfCheckFailed(f"{step} of vLLM's MXFP4 MoE layer", "the layer takes the new weights",
+                                      f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+                                      ) from exc
+            if name not in loaded:
+                loaded[name] = kernel_bytes(first_load("gpt_oss", weights, device))
+            wrong = differing(model, loaded[name])
+            expect(not wrong, f"after the {step} the kernel tensors equal vLLM's own first load of {name}",
+                   "all of them, bit for bit", wrong)
+            moved = sorted(k for k, v in _identities(model).items() if identities.get(k) != v)
+            expect(not moved, f"the {step} keeps every kernel tensor (same object, same storage)", "none replaced",
+                   moved)

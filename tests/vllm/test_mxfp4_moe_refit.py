@@ -1,0 +1,207 @@
+"""MXFP4 fused-MoE layers (gpt-oss and canonical ``mxfp4``) refitted through patchkit, on real vLLM.
+
+The layer is vLLM's, with ``GptOssMxfp4Config`` or ``Mxfp4Config`` on vLLM's MARLIN backend:
+``create_weights``, the weight loaders and ``process_weights_after_loading`` (Marlin repack and scale
+permutation) are upstream's; on CPU, Marlin's device check and its CUDA repack op are stood in
+(``patchkit.patches.vllm._checks._mxfp4_moe.marlin_backend``, read it for exactly what). The proof for
+every case is vLLM's own first load of the same checkpoint into a fresh model: after each refit every
+kernel tensor equals that model's bit for bit, and keeps its object and storage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+import torch
+from nvfp4_helpers import assert_same_kernel_state, dummy_started, kernel_state, process_weights_after_loading
+from patchkit.patches.vllm._checks._mxfp4_moe import (
+    KINDS,
+    Mxfp4Moe,
+    checkpoint,
+    differing,
+    first_load,
+    kernel_bytes,
+    marlin_backend,
+)
+from patchkit.patches.vllm.refit import RefitError, UnsupportedQuantizationError, refit, refit_weights
+
+import patchkit
+
+PATCH = "vllm.mxfp4_moe_refit"
+
+
+@pytest.fixture
+def marlin(vllm_config: object) -> Iterator[None]:
+    with marlin_backend("cpu"):
+        yield
+
+
+@pytest.fixture
+def mxfp4_refit_patch(marlin: None) -> Iterator[None]:
+    """``vllm.mxfp4_moe_refit`` applied for the test, reverted after."""
+    with patchkit.applied(PATCH) as records:
+        (record,) = records
+        assert record.state.installed, record.to_dict()
+        yield
+
+
+def mxfp4_kinds() -> list[str]:
+    """gpt-oss everywhere; ``Mxfp4MoEMethod`` where vLLM has it as the ``mxfp4`` method (0.29+; on 0.24
+    ``Mxfp4Config`` builds the gpt-oss method, loaded per expert)."""
+    return list(KINDS)
+
+
+def items(weights: dict[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
+    return iter(list(weights.items()))
+
+
+def started(kind: str, start: str, vllm_config: object) -> Mxfp4Moe:
+    if start == "dummy":
+        return dummy_started(Mxfp4Moe(kind), vllm_config)  # type: ignore[return-value]
+    return first_load(kind, checkpoint(kind, seed=100))
+
+
+def assert_same_as_first_load(model: Mxfp4Moe, weights: dict[str, torch.Tensor]) -> None:
+    assert differing(model, kernel_bytes(first_load(model.kind, weights))) == []
+
+
+def identities(model: torch.nn.Module) -> dict[str, tuple[int, int]]:
+    return {name: (id(p), p.data_ptr()) for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("kind", mxfp4_kinds())
+@pytest.mark.parametrize("start", ["load", "dummy"])
+def test_refits_equal_vllms_first_load_in_the_same_kernel_tensors(
+    mxfp4_refit_patch: None, vllm_config: object, kind: str, start: str
+) -> None:
+    model = started(kind, start, vllm_config)
+    assert model.routed.quant_method.mxfp4_backend.name == "MARLIN"
+    assert model.routed.w13_weight.dtype == torch.int32  # Marlin tiles, not the checkpoint's bytes
+    before = identities(model)
+    checkpoints = [checkpoint(kind, seed=seed) for seed in (1, 2)]
+    for step in range(4):
+        weights = checkpoints[step % 2]
+        if step % 2:
+            refit_weights(model, items(weights))
+        else:
+            with refit(model):
+                model.load_weights(items(weights))
+        assert_same_as_first_load(model, weights)
+        assert identities(model) == before
+
+
+def _wrong_shape(weights: dict[str, torch.Tensor]) -> str:
+    name = next(n for n in reversed(weights) if n.endswith("weight"))
+    weights[name] = weights[name][..., : weights[name].shape[-1] // 2].contiguous()
+    return name
+
+
+def _wrong_dtype(weights: dict[str, torch.Tensor]) -> str:
+    name = next(n for n in reversed(weights) if n.endswith("weight"))
+    weights[name] = weights[name].to(torch.bfloat16)
+    return name
+
+
+def _missing_scale(weights: dict[str, torch.Tensor]) -> str:
+    name = next(n for n in reversed(weights) if n.endswith("weight_scale"))
+    del weights[name]
+    return name
+
+
+@pytest.mark.parametrize("kind", mxfp4_kinds())
+@pytest.mark.parametrize("spoil", [_wrong_shape, _wrong_dtype, _missing_scale],
+                         ids=["wrong-shape", "wrong-dtype", "missing-scale"])
+@pytest.mark.parametrize("start", ["load", "dummy"])
+def test_a_bad_tensor_changes_nothing(
+    mxfp4_refit_patch: None, vllm_config: object, kind: str, start: str,
+    spoil: Callable[[dict[str, torch.Tensor]], str],
+) -> None:
+    model = started(kind, start, vllm_config)
+    before = kernel_state(model)
+    bad = checkpoint(kind, seed=3)
+    spoil(bad)
+    with pytest.raises(RefitError) as caught:
+        refit_weights(model, items(bad))
+    assert caught.value.parameter is not None
+    assert_same_kernel_state(model, before)
+    # and the next good refit still works
+    good = checkpoint(kind, seed=4)
+    refit_weights(model, items(good))
+    assert_same_as_first_load(model, good)
+
+
+def test_without_the_patch_a_refit_refuses_the_mxfp4_layer_by_name_and_changes_nothing(
+    marlin: None, nvfp4_refit_patch: None
+) -> None:
+    """What the patch adds: without it the layer is not recorded, and a refit refuses it, naming the patch."""
+    model = first_load("gpt_oss", checkpoint("gpt_oss", seed=1))
+    before = kernel_state(model)
+    with pytest.raises(RefitError, match=r"'experts.*GptOssMxfp4MoEMethod \(MXFP4 backend MARLIN\)\) was processed "
+                       r"before patchkit recorded it.*vllm\.mxfp4_moe_refit"):
+        refit_weights(model, items(checkpoint("gpt_oss", seed=2)))
+    assert_same_kernel_state(model, before)
+
+
+def test_a_padded_layer_is_refused_by_name_before_any_write(mxfp4_refit_patch: None) -> None:
+    """Marlin rounds the hidden size up to 256: vLLM's loader fills a corner of the zeroed parameter, which a
+    refit does not reproduce, so the layer is not recorded and a refit refuses it."""
+    with torch.device("cpu"):
+        model = Mxfp4Moe("gpt_oss", hidden=320)
+    assert model.routed.quant_method.moe.hidden_dim == 512
+    model.load_weights(items(checkpoint("gpt_oss", seed=1, hidden=320)))
+    process_weights_after_loading(model)
+    before = kernel_state(model)
+    with pytest.raises(UnsupportedQuantizationError, match=r"padded sizes \(hidden size 320 -> 512\)") as caught:
+        refit_weights(model, items(checkpoint("gpt_oss", seed=2, hidden=320)))
+    assert "vllm.mxfp4_moe_refit" in caught.value.supported
+    assert_same_kernel_state(model, before)
+
+
+# --- vLLM's own layerwise reload (reload_weights, vLLM #32133): why MXFP4 is not declared native ---
+
+
+def _natively_loaded(kind: str) -> Mxfp4Moe:
+    from vllm.model_executor.model_loader import reload
+
+    model = Mxfp4Moe(kind)
+    reload.record_metadata_for_reloading(model)  # vLLM's initialize_model does this at build time
+    model.load_weights(items(checkpoint(kind, seed=1)))
+    process_weights_after_loading(model)
+    return model
+
+
+def _native_reload(model: torch.nn.Module, weights: dict[str, torch.Tensor], vllm_config: object) -> None:
+    from vllm.model_executor.model_loader import reload
+
+    reload.initialize_layerwise_reload(model)
+    model.load_weights(items(weights))
+    reload.finalize_layerwise_reload(model, vllm_config.model_config)
+
+
+
+@pytest.mark.parametrize("kind", mxfp4_kinds())
+def test_native_reload_serves_good_mxfp4_weights_in_the_same_tensors(
+    marlin: None, vllm_config: object, kind: str
+) -> None:
+    """Upstream does the good path: a reload equals a first load, in the same tensor objects and storage."""
+    model = _natively_loaded(kind)
+    before = identities(model)
+    weights = checkpoint(kind, seed=2)
+    _native_reload(model, weights, vllm_config)
+    assert_same_as_first_load(model, weights)
+    assert identities(model) == before
+
+
+@pytest.mark.parametrize("kind", mxfp4_kinds())
+@pytest.mark.parametrize("spoil", [_wrong_shape, _missing_scale], ids=["wrong-shape", "missing-scale"])
+def test_native_reload_takes_a_bad_mxfp4_tensor_without_an_error(
+    marlin: None, vllm_config: object, kind: str, spoil: Callable[[dict[str, torch.Tensor]], str]
+) -> None:
+    """A half-width weight or a missing scale: no error, the layer is processed from what the reload's
+    staging memory held (uninitialised where nothing was written); patchkit refuses both (above)."""
+    model = _natively_loaded(kind)
+    bad = checkpoint(kind, seed=2)
+    spoil(bad)
+    _native_reload(model, bad, vllm_config)
+    assert not any(p.is_meta for p in model.parameters())
