@@ -93,9 +93,10 @@ def test_the_command_verifies_every_vllm_patch_in_a_fresh_process_without_the_te
                            "--patch", "vllm.*"], capture_output=True, text=True, timeout=600,
                           env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"}, cwd=os.path.dirname(__file__))
     verdicts = {p["id"]: (p["verdict"], p["message"]) for p in json.loads(done.stdout)["patches"]}
-    # The MXFP4 MoE check selects vLLM's CPU platform itself and stands Marlin in: verified on 0.24, 0.29, 0.33.
-    expected = dict.fromkeys((MARLIN, PATCH, CT_NVFP4, "vllm.serve_signals_main_thread", "vllm.mxfp4_moe_refit"),
-                             VERIFIED)
+    # The MXFP4 MoE check selects vLLM's CPU platform itself and stands Marlin in; the LoRA check builds
+    # vLLM's worker LoRA manager on the CPU platform: both verified on 0.24, 0.29, 0.33.
+    expected = dict.fromkeys((MARLIN, PATCH, CT_NVFP4, "vllm.serve_signals_main_thread", "vllm.mxfp4_moe_refit",
+                              "vllm.lora_from_tensors"), VERIFIED)
     # vLLM 0.24's PyPI wheel without CUDA resolves no platform at import; its NVFP4 MoE oracle then
     # finds no backend and the MoE check says it cannot run here (in-process, with the harness, it runs).
     moe = verdicts.pop("vllm.moe_expert_weight_loaders")[0]
