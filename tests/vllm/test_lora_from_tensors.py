@@ -13,6 +13,7 @@ The manager is vLLM's ``LRUCacheWorkerLoRAManager`` over a tiny model of vLLM's 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -91,8 +92,11 @@ def test_vllm_alone_loads_no_adapter_from_tensors(manager):
     from vllm.exceptions import LoRAAdapterNotFoundError
 
     request = TensorLoRARequest("policy", 1, peft_config=peft_config(), lora_tensors=adapter_tensors(seed=1))
-    with pytest.raises(LoRAAdapterNotFoundError):
-        manager.add_adapter(request)
+    # vLLM's own code, whatever an earlier test of the session left applied (doctor applies every patch)
+    installed = {status.id for status in patchkit.status() if status.state.installed}
+    with upstream_behaviour(PATCH) if PATCH in installed else contextlib.nullcontext():
+        with pytest.raises(LoRAAdapterNotFoundError):
+            manager.add_adapter(request)
     assert manager.list_adapters() == set()
 
 
