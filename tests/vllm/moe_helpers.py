@@ -72,22 +72,9 @@ class MoEModel(torch.nn.Module):
 def load_experts_by_mapping(model: torch.nn.Module, weights) -> set[str]:
     """vLLM 0.24: the MoE runner has no ``load_weights``; each model maps per-expert checkpoint
     names to the fused parameters itself (as ``Qwen3MoeModel.load_weights`` does)."""
-    from vllm.model_executor.layers.fused_moe.layer import fused_moe_make_expert_params_mapping
+    from patchkit.patches.vllm._checks._tiny_moe import load_by_expert_mapping
 
-    mapping = fused_moe_make_expert_params_mapping(model, "gate_proj", "down_proj", "up_proj", model.num_experts)
-    params = dict(model.named_parameters())  # read now: a prepared refit has staged new ones
-    loaded = set()
-    for name, weight in weights:
-        for param_name, weight_name, expert_id, shard_id in mapping:
-            if weight_name in name:
-                mapped = name.replace(weight_name, param_name)
-                param = params[mapped]
-                param.weight_loader(param, weight, mapped, shard_id=shard_id, expert_id=expert_id)
-                loaded.add(mapped)
-                break
-        else:
-            raise ValueError(f"no parameter for {name!r}")
-    return loaded
+    return load_by_expert_mapping(model, weights, model.num_experts)
 
 
 def loaded_model(weights: dict[str, torch.Tensor]) -> MoEModel:

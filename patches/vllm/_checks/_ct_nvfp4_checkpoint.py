@@ -27,6 +27,7 @@ from collections.abc import Iterable
 import torch
 
 from .._nvfp4_checkpoint import random_nvfp4
+from ._tiny_moe import load_by_expert_mapping
 
 HIDDEN, INTERMEDIATE, EXPERTS = 128, 64, 4
 _numbers = itertools.count()  # vLLM registers MoE layers by prefix in the process-wide context
@@ -125,24 +126,7 @@ class CtMoe(torch.nn.Module):
         return getattr(self.experts, "routed_experts", self.experts)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        from vllm.model_executor.layers.fused_moe.layer import fused_moe_make_expert_params_mapping
-
-        mapping = fused_moe_make_expert_params_mapping(self, "gate_proj", "down_proj", "up_proj", EXPERTS)
-        params = dict(self.named_parameters())  # read now: a prepared refit has staged new ones
-        loaded = set()
-        for name, tensor in weights:
-            for param_name, weight_name, expert_id, shard_id in mapping:
-                if weight_name in name:
-                    mapped = name.replace(weight_name, param_name)
-                    if mapped not in params:
-                        raise ValueError(f"no fused-MoE parameter {mapped!r} for {name!r}")
-                    param = params[mapped]
-                    param.weight_loader(param, tensor, mapped, shard_id=shard_id, expert_id=expert_id)
-                    loaded.add(mapped)
-                    break
-            else:
-                raise ValueError(f"no fused-MoE parameter for {name!r}")
-        return loaded
+        return load_by_expert_mapping(self, weights, EXPERTS)
 
 
 def moe_checkpoint(a16: bool, seed: int) -> dict[str, torch.Tensor]:

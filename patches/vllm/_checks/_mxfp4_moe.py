@@ -29,6 +29,8 @@ import torch
 
 from patchkit.selfcheck import CheckContext, NeedsGPU, SelfCheckFailed, expect
 
+from ._tiny_moe import load_by_expert_mapping
+
 EXPERTS = 4
 #: Marlin tiles: hidden a multiple of 256, intermediate of 128 (else vLLM pads and the refit refuses)
 HIDDEN, INTERMEDIATE = 256, 256
@@ -122,21 +124,7 @@ class Mxfp4Moe(torch.nn.Module):
                 param.weight_loader(param, tensor, weight_name=name, shard_id=None, expert_id=None)
                 loaded.add(name)
             return loaded
-        from vllm.model_executor.layers.fused_moe.layer import fused_moe_make_expert_params_mapping
-
-        mapping = fused_moe_make_expert_params_mapping(self, "gate_proj", "down_proj", "up_proj", EXPERTS)
-        params = dict(self.named_parameters())
-        for name, tensor in weights:
-            for param_name, weight_name, expert_id, shard_id in mapping:
-                if weight_name in name:
-                    mapped = name.replace(weight_name, param_name)
-                    param = params[mapped]
-                    param.weight_loader(param, tensor, mapped, shard_id=shard_id, expert_id=expert_id)
-                    loaded.add(mapped)
-                    break
-            else:
-                raise ValueError(f"no fused-MoE parameter for {name!r}")
-        return loaded
+        return load_by_expert_mapping(self, weights, EXPERTS)
 
 
 def _packed(generator: torch.Generator, *shape: int) -> torch.Tensor:

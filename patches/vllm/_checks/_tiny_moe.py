@@ -11,6 +11,7 @@ ModelOpt NVFP4 (processed on CPU by vLLM's emulation backend, ``_cpu_stand_in.cp
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -45,22 +46,33 @@ class TinyMoE(torch.nn.Module):
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> set[str]:
         """Each checkpoint tensor through the ``weight_loader`` of the parameter it maps to."""
-        from vllm.model_executor.layers.fused_moe.layer import fused_moe_make_expert_params_mapping
+        return load_by_expert_mapping(self, weights.items(), EXPERTS)
 
-        mapping = fused_moe_make_expert_params_mapping(self, "gate_proj", "down_proj", "up_proj", EXPERTS)
-        params = dict(self.named_parameters())
-        loaded = set()
-        for name, tensor in weights.items():
-            for param_name, weight_name, expert_id, shard_id in mapping:
-                if weight_name in name:
-                    mapped = name.replace(weight_name, param_name)
-                    param = params[mapped]
-                    param.weight_loader(param, tensor, mapped, shard_id=shard_id, expert_id=expert_id)
-                    loaded.add(mapped)
-                    break
-            else:
-                raise ValueError(f"no fused-MoE parameter for {name!r}")
-        return loaded
+
+def load_by_expert_mapping(model: torch.nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
+                           experts: int) -> set[str]:
+    """Per-expert checkpoint names (``experts.<e>.{gate,up,down}_proj.*``) onto the fused parameters, as a
+    vLLM MoE model's ``load_weights`` maps them: vLLM's own ``make_expert_params_mapping``, each tensor
+    through its parameter's ``weight_loader``. A name no entry maps, or that maps to no parameter, is a
+    ``ValueError`` (a model's loader would skip it without a word)."""
+    from vllm.model_executor.layers.fused_moe.layer import fused_moe_make_expert_params_mapping
+
+    mapping = fused_moe_make_expert_params_mapping(model, "gate_proj", "down_proj", "up_proj", experts)
+    params = dict(model.named_parameters())  # read now: a prepared refit has staged new ones
+    loaded = set()
+    for name, tensor in weights:
+        for param_name, weight_name, expert_id, shard_id in mapping:
+            if weight_name in name:
+                mapped = name.replace(weight_name, param_name)
+                if mapped not in params:
+                    raise ValueError(f"no fused-MoE parameter {mapped!r} for {name!r}")
+                param = params[mapped]
+                param.weight_loader(param, tensor, mapped, shard_id=shard_id, expert_id=expert_id)
+                loaded.add(mapped)
+                break
+        else:
+            raise ValueError(f"no fused-MoE parameter for {name!r}")
+    return loaded
 
 
 def checkpoint(quantized: bool, seed: int) -> dict[str, torch.Tensor]:
