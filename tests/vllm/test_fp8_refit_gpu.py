@@ -15,6 +15,7 @@ old weights bit for bit.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterator
 
@@ -39,9 +40,20 @@ def fp8_refit_on_gpu() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def built_as_vllm_builds() -> Iterator[None]:
+    """On the GPU with the model's dtype as torch's default, as vLLM's loader builds a model
+    (``set_default_torch_dtype(model_config.dtype)``): ``Fp8LinearMethod`` takes its output dtype from
+    that default, and CUTLASS's scaled GEMM writes only bf16 or fp16."""
+    from vllm.utils.torch_utils import set_default_torch_dtype
+
+    with set_default_torch_dtype(torch.bfloat16), torch.device("cuda"):
+        yield
+
+
 def first_load(kind: str, block: bool, checkpoint: dict[str, torch.Tensor]) -> torch.nn.Module:
     """vLLM's own first load on the GPU: a fresh model, its loaders, its processing."""
-    with torch.device("cuda"):
+    with built_as_vllm_builds():
         model = KINDS[kind][0](block)
     model.load_weights(on_gpu(checkpoint))
     process_weights_after_loading(model)
@@ -87,7 +99,7 @@ def _method(model: torch.nn.Module) -> str:
 def test_fp8_refits_on_vllms_kernels_equal_its_first_load_under_a_captured_graph(
         fp8_refit_on_gpu: None, vllm_config: object, kind: str, block: bool) -> None:
     states = [KINDS[kind][1](block, seed=seed) for seed in (1, 2)]
-    with torch.device("cuda"):
+    with built_as_vllm_builds():
         model = dummy_started(KINDS[kind][0](block), vllm_config)
     forward = forward_of(kind, vllm_config)
     logger.info("%s %s: %s", kind, "block" if block else "per-tensor", _method(model))
