@@ -1,9 +1,11 @@
-"""One rank of a gloo job that exports a parallel QAT model and compares it with the single-rank export.
+"""One rank of a job that exports a parallel QAT model and compares it with the single-rank export.
 
 The parent test exports the same weights at TP=EP=PP=1 and saves ``reference.pt`` (the full
-parameters and the exported ``(name, tensor)`` list). Each rank here builds its part of the model
-for the layout it is given, loads its shard of those weights, applies QAT (the CPU fake-quant
-backend), exports, and writes ``rank<r>.json``: the names in order and any tensor that differs.
+parameters and the exported ``(name, tensor)`` list, on the CPU). Each rank here builds its part of
+the model for the layout it is given, loads its shard of those weights, applies QAT, exports, and
+writes ``rank<r>.json``: the names in order and any tensor that differs. ``device="cpu"``: gloo,
+``cpu_harness`` for Megatron's CUDA-only calls and the CPU fake-quant backend. ``device="cuda"``: NCCL,
+one GPU a rank, nothing stood in (ModelOpt's CUDA kernel quantizes).
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import sys
 from pathlib import Path
 
 
-def run(rank: int, world_size: int, port: int, out_dir: str, layout: dict, moe: bool, dtype_name: str) -> None:
+def run(rank: int, world_size: int, port: int, out_dir: str, layout: dict, moe: bool, dtype_name: str,
+        device: str = "cpu") -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "megatron"))
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -22,13 +25,18 @@ def run(rank: int, world_size: int, port: int, out_dir: str, layout: dict, moe: 
     from te_harness import load_modelopt_megatron_plugin
 
     load_modelopt_megatron_plugin()
+    import contextlib
+
     import torch
     from cpu_harness import cpu_megatron
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
+    on_gpu = device == "cuda"
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=world_size)
+    if on_gpu:
+        torch.cuda.set_device(rank)
+    torch.distributed.init_process_group("nccl" if on_gpu else "gloo", rank=rank, world_size=world_size)
     try:
         from megatron.core.transformer.moe import moe_utils
 
@@ -41,7 +49,9 @@ def run(rank: int, world_size: int, port: int, out_dir: str, layout: dict, moe: 
 
         dtype = getattr(torch, dtype_name)
         reference = torch.load(Path(out_dir, "reference.pt"), weights_only=True)
-        with cpu_megatron(), patchkit.applied("modelopt.nvfp4_cpu_fake_quant"):
+        harness = contextlib.nullcontext() if on_gpu else cpu_megatron()
+        fake_quant = contextlib.nullcontext() if on_gpu else patchkit.applied("modelopt.nvfp4_cpu_fake_quant")
+        with harness, fake_quant:
             parallel_state.initialize_model_parallel(
                 tensor_model_parallel_size=layout.get("tp", 1),
                 pipeline_model_parallel_size=layout.get("pp", 1),
@@ -56,9 +66,11 @@ def run(rank: int, world_size: int, port: int, out_dir: str, layout: dict, moe: 
             if layout.get("pp", 1) > 1:
                 overrides["pipeline_dtype"] = dtype
             model = build_gpt(moe, dtype=dtype, **overrides)
+            if on_gpu:
+                model = model.cuda()
             load_shard(model, reference["state"])
             model = qat(model)
-            exported = list(export_qat_weights([model]))
+            exported = [(name, tensor.cpu()) for name, tensor in export_qat_weights([model])]
             config = export_qat_config([model])
             parallel_state.destroy_model_parallel()
         expected = reference["exported"]
