@@ -10,8 +10,9 @@ Read from vLLM's ``quantization/modelopt.py`` of each range:
   ``_DropInputScale`` (NaN-filled) and drops it the same way.
 - ``ModelOptNvFp4FusedMoE`` in W4A16 mode (``use_a16``, 0.21+) runs Marlin, whose MoE path drops the
   activation scales; with a per-token activation override (0.33) processing overwrites them with 1.
-- compressed-tensors ``CompressedTensorsW4A4Nvfp4MoEMethod`` with ``use_a16`` (an NVFP4A16 checkpoint,
-  0.29+ keep the flag) registers ``w13/w2_input_global_scale``, which such a checkpoint does not carry.
+- compressed-tensors ``CompressedTensorsW4A4Nvfp4MoEMethod`` with ``use_a16`` (an NVFP4A16 checkpoint;
+  0.29+ keep the flag, ``vllm.compressed_tensors_nvfp4_refit`` keeps it on 0.24-0.28) registers
+  ``w13/w2_input_global_scale``, which such a checkpoint does not carry.
 - Every W4A4 method reads every parameter it registers: nothing is optional there.
 """
 

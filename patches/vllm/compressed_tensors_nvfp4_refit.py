@@ -27,6 +27,10 @@ layer only when its scheme is the NVFP4 one (``_ct_nvfp4_refit_record``); a laye
 passes straight through and a refit still refuses it (``_refit_targets``: ``UnsupportedQuantizationError``).
 verl (V24, ``verl/utils/qat/vllm_patch.py``) and slime (S22) patch these three methods for the same reason.
 
+0.24-0.28 also get a wrap of the MoE method's ``__init__`` that keeps ``use_a16`` on the method, as
+0.29+ do (``_ct_nvfp4_moe_a16``): without it a refit of an NVFP4A16 MoE layer demanded the input global
+scales such a checkpoint does not carry (found on an H100 with vLLM 0.24.0's Marlin kernels).
+
 No range is declared ``native``: vLLM's layerwise reload (``reload_weights``, vLLM #32133, in 0.29 and
 0.33) is not all-or-nothing on bad input (``tests/vllm/test_fp8_refit.py`` and
 ``test_native_reload_gaps.py`` pin what it does on the same machinery).
@@ -43,6 +47,7 @@ CT_MOE_NVFP4 = (
 )
 _CT_RECORD = "._ct_nvfp4_refit_record"
 _RECORD = "._refit_record"
+_KEEP_A16 = "._ct_nvfp4_moe_a16"
 
 _LINEAR = (
     Wrap(f"{CT}:CompressedTensorsLinearMethod.create_weights", f"{_CT_RECORD}:wrap_create_weights"),
@@ -80,7 +85,18 @@ PATCHES = (
         version_modules={"vllm": "vllm"},
         variants=(
             Variant(
-                requires={"vllm": ">=0.24,<0.34"},
+                # 0.24-0.28 forget the MoE method's use_a16, which tells a refit that an NVFP4A16
+                # layer's input global scales are placeholders its checkpoint does not carry.
+                requires={"vllm": ">=0.24,<0.29"},
+                installs=(
+                    *_LINEAR,
+                    *_MOE,
+                    Wrap(f"{CT_MOE_NVFP4}:CompressedTensorsW4A4Nvfp4MoEMethod.__init__", f"{_KEEP_A16}:wrap_init"),
+                ),
+                label="ct-nvfp4-linear-moe-keep-a16",
+            ),
+            Variant(
+                requires={"vllm": ">=0.29,<0.34"},
                 installs=(*_LINEAR, *_MOE),
                 label="ct-nvfp4-linear-moe",
             ),

@@ -257,3 +257,84 @@ def kernel_tensors(module: torch.nn.Module) -> dict[str, int]:
                                             ((k, v) for k, v in vars(sub).items() if isinstance(v, torch.Tensor))):
             pointers[f"{prefix}.{name}"] = tensor.data_ptr()
     return pointers
+
+
+@contextlib.contextmanager
+def built_as_vllm_builds() -> Iterator[None]:
+    """On the GPU with the model's dtype (bf16) as torch's default, as vLLM's loader builds a model
+    (``set_default_torch_dtype(model_config.dtype)``): quantized methods read their output dtype from that
+    default (``Fp8LinearMethod``), and CUTLASS's scaled GEMMs write only bf16 or fp16."""
+    from vllm.utils.torch_utils import set_default_torch_dtype
+
+    with set_default_torch_dtype(torch.bfloat16), torch.device("cuda"):
+        yield
+
+
+def assert_same_tensors(model: torch.nn.Module, reference: torch.nn.Module, step: int,
+                        placeholders: frozenset[str] = frozenset()) -> None:
+    """Every parameter and buffer of ``model`` equals ``reference``'s bit for bit (shape and dtype too),
+    but for ``placeholders``: names (last part) of parameters the layer registers and never reads, which
+    vLLM's first load leaves as ``torch.empty`` made them."""
+    from nvfp4_helpers import bits
+
+    ours = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    theirs = {**dict(reference.named_parameters()), **dict(reference.named_buffers())}
+    assert ours.keys() == theirs.keys()
+    for name, tensor in theirs.items():
+        if name.rpartition(".")[2] in placeholders:
+            continue
+        assert (ours[name].shape, ours[name].dtype) == (tensor.shape, tensor.dtype), name
+        assert torch.equal(bits(ours[name]), bits(tensor)), f"refit {step}: {name} differs from vLLM's first load"
+
+
+def refits_under_a_captured_graph(
+    build: Callable[[], torch.nn.Module],
+    states: list[dict[str, torch.Tensor]],
+    forward: Callable[[torch.nn.Module], Outputs],
+    vllm_config: object,
+    *,
+    refits: int = 6,
+    placeholders: frozenset[str] = frozenset(),
+) -> torch.nn.Module:
+    """As verl runs a refit: a dummy start, a CUDA graph of ``forward`` captured, then ``refits`` refits of
+    ``states`` in turn. After each: every kernel tensor at its address and equal bit for bit to vLLM's own
+    first load of that checkpoint into a fresh model (``build``, its loaders, its processing); the graph's
+    replay equal bit for bit to an eager forward and to the fresh model's. Then a wrong shape in the last
+    weight raises ``RefitError`` and the graph serves the old weights bit for bit. Returns the refitted model."""
+    from nvfp4_helpers import dummy_started
+    from patchkit.patches.vllm.refit import RefitError, refit_weights
+
+    def first_load(checkpoint: dict[str, torch.Tensor]) -> torch.nn.Module:
+        with built_as_vllm_builds():
+            fresh = build()
+        fresh.load_weights(on_gpu(checkpoint))
+        process_weights_after_loading(fresh)
+        return fresh
+
+    with built_as_vllm_builds():
+        model = dummy_started(build(), vllm_config)
+    pointers = kernel_tensors(model)
+    graph, outputs = capture(lambda: forward(model))
+    for step in range(refits):
+        checkpoint = states[step % len(states)]
+        refit_weights(model, on_gpu(checkpoint))
+        assert kernel_tensors(model) == pointers, f"refit {step} moved kernel tensors"
+        fresh = first_load(checkpoint)
+        assert_same_tensors(model, fresh, step, placeholders)
+        served = replay(graph, outputs)
+        for got, eager, theirs in zip(served, forward(model), forward(fresh), strict=True):
+            assert torch.isfinite(got.float()).all() and got.abs().sum() > 0, f"refit {step}"
+            assert torch.equal(got, eager), f"refit {step}: the graph does not serve what eager forward does"
+            assert torch.equal(got, theirs), f"refit {step}: the refit serves other outputs than vLLM's first load"
+    other = states[refits % len(states)]  # not the last one refitted: the check can tell states apart
+    assert not torch.equal(replay(graph, outputs)[0], forward(first_load(other))[0])
+    before = replay(graph, outputs)
+    broken = dict(states[0])
+    last = next(n for n in reversed(broken) if n.endswith((".weight", ".weight_packed")))
+    broken[last] = broken[last][:, : broken[last].shape[1] // 2].contiguous()
+    with pytest.raises(RefitError):
+        refit_weights(model, on_gpu(broken))
+    assert kernel_tensors(model) == pointers
+    for got, want in zip(replay(graph, outputs), before, strict=True):
+        assert torch.equal(got, want), "a failed refit changed what the graph serves"
+    return model

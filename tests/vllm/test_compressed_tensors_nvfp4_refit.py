@@ -318,3 +318,37 @@ def test_native_reload_with_a_wrong_shape_breaks_the_compressed_tensors_nvfp4_li
         _native_reload(model, bad, vllm_config)
     assert "down" not in str(caught.value)
     assert any(p.is_meta for p in model.down.parameters())
+
+
+@pytest.mark.parametrize("use_a16", [True, False])
+def test_the_moe_method_tells_a_refit_which_input_scales_an_nvfp4a16_layer_lacks(
+        monkeypatch: pytest.MonkeyPatch, use_a16: bool) -> None:
+    """An NVFP4A16 MoE layer registers ``w13/w2_input_global_scale`` that its checkpoint does not carry;
+    the refit skips them only if the method says ``use_a16``. vLLM 0.29+ keep the flag, 0.24-0.28 forget it
+    and the patch keeps it: without that, a refit of such a layer demanded the missing scales (seen on an
+    H100 with vLLM 0.24.0's Marlin kernels; ``test_compressed_tensors_nvfp4_refit_gpu.py``). Picking the
+    backend needs CUDA (no CPU backend serves NVFP4 weights with bf16 activations), so that one call is
+    stood in; the method's ``__init__`` is upstream's."""
+    import importlib
+
+    from patchkit.patches.vllm._refit_placeholders import unread_placeholders
+
+    import patchkit
+
+    module = importlib.import_module(
+        "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe."
+        "compressed_tensors_moe_w4a4_nvfp4")
+    asked = []
+
+    def select_nvfp4_moe_backend(**kwargs: object) -> tuple[object, None]:
+        asked.append(kwargs["activation_key"])
+        return NvFp4MoeBackend.MARLIN, None
+
+    from vllm.model_executor.layers.fused_moe.oracle.nvfp4 import NvFp4MoeBackend
+
+    monkeypatch.setattr(module, "select_nvfp4_moe_backend", select_nvfp4_moe_backend)
+    with patchkit.applied(PATCH):
+        method = module.CompressedTensorsW4A4Nvfp4MoEMethod(None, "experts", use_a16=use_a16)
+    assert (asked[0] is None) == use_a16  # upstream's own use of the flag
+    expected = {"w13_input_global_scale", "w2_input_global_scale"} if use_a16 else set()
+    assert unread_placeholders(method) == expected

@@ -15,16 +15,20 @@ old weights bit for bit.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Iterator
 
 import pytest
 import torch
 from fp8_helpers import HIDDEN, Fp8Linears, Fp8Moe, linear_checkpoint, moe_checkpoint
-from gpu_kernels import GPU, Outputs, activations, capture, forward_context, installed, kernel_tensors, on_gpu, replay
-from nvfp4_helpers import bits, dummy_started, process_weights_after_loading
-from patchkit.patches.vllm.refit import RefitError, refit_weights
+from gpu_kernels import (
+    GPU,
+    Outputs,
+    activations,
+    forward_context,
+    installed,
+    refits_under_a_captured_graph,
+)
 
 pytestmark = GPU
 logger = logging.getLogger(__name__)
@@ -38,26 +42,6 @@ CASES = [pytest.param(kind, block, id=f"{kind}-{'block' if block else 'per-tenso
 def fp8_refit_on_gpu() -> Iterator[None]:
     with installed("vllm.fp8_refit"):
         yield
-
-
-@contextlib.contextmanager
-def built_as_vllm_builds() -> Iterator[None]:
-    """On the GPU with the model's dtype as torch's default, as vLLM's loader builds a model
-    (``set_default_torch_dtype(model_config.dtype)``): ``Fp8LinearMethod`` takes its output dtype from
-    that default, and CUTLASS's scaled GEMM writes only bf16 or fp16."""
-    from vllm.utils.torch_utils import set_default_torch_dtype
-
-    with set_default_torch_dtype(torch.bfloat16), torch.device("cuda"):
-        yield
-
-
-def first_load(kind: str, block: bool, checkpoint: dict[str, torch.Tensor]) -> torch.nn.Module:
-    """vLLM's own first load on the GPU: a fresh model, its loaders, its processing."""
-    with built_as_vllm_builds():
-        model = KINDS[kind][0](block)
-    model.load_weights(on_gpu(checkpoint))
-    process_weights_after_loading(model)
-    return model
 
 
 def forward_of(kind: str, vllm_config: object):
@@ -78,15 +62,6 @@ def forward_of(kind: str, vllm_config: object):
     return moe_forward
 
 
-def assert_same_tensors(model: torch.nn.Module, reference: torch.nn.Module, step: int) -> None:
-    ours = {**dict(model.named_parameters()), **dict(model.named_buffers())}
-    theirs = {**dict(reference.named_parameters()), **dict(reference.named_buffers())}
-    assert ours.keys() == theirs.keys()
-    for name, tensor in theirs.items():
-        assert (ours[name].shape, ours[name].dtype) == (tensor.shape, tensor.dtype), name
-        assert torch.equal(bits(ours[name]), bits(tensor)), f"refit {step}: {name} differs from vLLM's first load"
-
-
 def _method(model: torch.nn.Module) -> str:
     layer = model.gate_up if hasattr(model, "gate_up") else model.routed
     method = layer.quant_method
@@ -99,30 +74,6 @@ def _method(model: torch.nn.Module) -> str:
 def test_fp8_refits_on_vllms_kernels_equal_its_first_load_under_a_captured_graph(
         fp8_refit_on_gpu: None, vllm_config: object, kind: str, block: bool) -> None:
     states = [KINDS[kind][1](block, seed=seed) for seed in (1, 2)]
-    with built_as_vllm_builds():
-        model = dummy_started(KINDS[kind][0](block), vllm_config)
-    forward = forward_of(kind, vllm_config)
+    model = refits_under_a_captured_graph(lambda: KINDS[kind][0](block), states, forward_of(kind, vllm_config),
+                                          vllm_config)
     logger.info("%s %s: %s", kind, "block" if block else "per-tensor", _method(model))
-    pointers = kernel_tensors(model)
-    graph, outputs = capture(lambda: forward(model))
-    for step in range(6):
-        checkpoint = states[step % 2]
-        refit_weights(model, on_gpu(checkpoint))
-        assert kernel_tensors(model) == pointers, f"refit {step} moved kernel tensors"
-        fresh = first_load(kind, block, checkpoint)
-        assert_same_tensors(model, fresh, step)
-        served = replay(graph, outputs)
-        for got, eager, theirs in zip(served, forward(model), forward(fresh), strict=True):
-            assert torch.isfinite(got.float()).all() and got.abs().sum() > 0, f"refit {step}"
-            assert torch.equal(got, eager), f"refit {step}: the graph does not serve what eager forward does"
-            assert torch.equal(got, theirs), f"refit {step}: the refit serves other outputs than vLLM's first load"
-    assert not torch.equal(replay(graph, outputs)[0], forward(first_load(kind, block, states[0]))[0])
-    before = replay(graph, outputs)
-    broken = dict(states[0])
-    last = next(n for n in reversed(broken) if n.endswith(".weight"))
-    broken[last] = broken[last][:, : broken[last].shape[1] // 2].contiguous()
-    with pytest.raises(RefitError):
-        refit_weights(model, on_gpu(broken))
-    assert kernel_tensors(model) == pointers
-    for got, want in zip(replay(graph, outputs), before, strict=True):
-        assert torch.equal(got, want), "a failed refit changed what the graph serves"

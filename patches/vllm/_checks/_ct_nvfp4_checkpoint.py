@@ -16,7 +16,8 @@ stored as the divisor: vLLM takes its reciprocal) and, for W4A4, ``input_global_
 ``weight_loader`` with its shard id as vLLM models do; ``CtMoe`` is one fused-MoE layer built by vLLM's
 factory and loaded through vLLM's expert mapping. On CPU, W4A4 linear layers get vLLM's emulation
 kernel and MoE layers its emulation backend (``cpu_nvfp4_kernels``); W4A16 linear layers need
-``cpu_marlin_layout`` (Marlin's CUDA repack stood in).
+``cpu_marlin_layout`` (Marlin's CUDA repack stood in). ``hidden``/``intermediate`` default to the
+self-check's tiny sizes; the GPU tests pass sizes Marlin's kernels take (inputs a multiple of 128).
 """
 
 from __future__ import annotations
@@ -56,14 +57,14 @@ def ct_nvfp4_config(a16: bool, kv_cache_scheme: dict[str, object] | None = None)
 class CtLinears(torch.nn.Module):
     """A fused ``gate_up`` (``MergedColumnParallelLinear``) and a ``down`` (``RowParallelLinear``)."""
 
-    def __init__(self, a16: bool) -> None:
+    def __init__(self, a16: bool, hidden: int = HIDDEN, intermediate: int = INTERMEDIATE) -> None:
         from vllm.model_executor.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 
         super().__init__()
         config = ct_nvfp4_config(a16)
-        self.gate_up = MergedColumnParallelLinear(HIDDEN, [INTERMEDIATE] * 2, bias=False, quant_config=config,
+        self.gate_up = MergedColumnParallelLinear(hidden, [intermediate] * 2, bias=False, quant_config=config,
                                                   prefix="gate_up", params_dtype=torch.bfloat16)
-        self.down = RowParallelLinear(INTERMEDIATE, HIDDEN, bias=False, quant_config=config, prefix="down",
+        self.down = RowParallelLinear(intermediate, hidden, bias=False, quant_config=config, prefix="down",
                                       params_dtype=torch.bfloat16)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
@@ -97,26 +98,27 @@ def _layer(generator: torch.Generator, prefix: str, out: int, inp: int, a16: boo
     return tensors
 
 
-def linear_checkpoint(a16: bool, seed: int) -> dict[str, torch.Tensor]:
+def linear_checkpoint(a16: bool, seed: int, hidden: int = HIDDEN, intermediate: int = INTERMEDIATE
+                      ) -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
     scale = 100.0 * (1 + seed)
     return {
-        **_layer(generator, "gate", INTERMEDIATE, HIDDEN, a16, scale),
-        **_layer(generator, "up", INTERMEDIATE, HIDDEN, a16, scale),  # fused shards share their global scale
-        **_layer(generator, "down", HIDDEN, INTERMEDIATE, a16, scale * 2),
+        **_layer(generator, "gate", intermediate, hidden, a16, scale),
+        **_layer(generator, "up", intermediate, hidden, a16, scale),  # fused shards share their global scale
+        **_layer(generator, "down", hidden, intermediate, a16, scale * 2),
     }
 
 
 class CtMoe(torch.nn.Module):
     """One fused-MoE layer of ``EXPERTS`` experts with the compressed-tensors NVFP4 config."""
 
-    def __init__(self, a16: bool) -> None:
+    def __init__(self, a16: bool, hidden: int = HIDDEN, intermediate: int = INTERMEDIATE) -> None:
         from vllm.model_executor.layers import fused_moe
 
         super().__init__()
         factory = getattr(fused_moe, "FusedMoEFactory", None) or fused_moe.FusedMoE  # 0.25+ / 0.24
         self.experts = factory(
-            num_experts=EXPERTS, top_k=2, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE,
+            num_experts=EXPERTS, top_k=2, hidden_size=hidden, intermediate_size=intermediate,
             params_dtype=torch.bfloat16, quant_config=ct_nvfp4_config(a16),
             prefix=f"patchkit_ct_moe{next(_numbers)}.experts", tp_size=1, dp_size=1, pcp_size=1,
         )
@@ -129,13 +131,14 @@ class CtMoe(torch.nn.Module):
         return load_by_expert_mapping(self, weights, EXPERTS)
 
 
-def moe_checkpoint(a16: bool, seed: int) -> dict[str, torch.Tensor]:
+def moe_checkpoint(a16: bool, seed: int, hidden: int = HIDDEN, intermediate: int = INTERMEDIATE
+                   ) -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
     tensors: dict[str, torch.Tensor] = {}
     for expert in range(EXPERTS):
         scale = 100.0 * (1 + seed) * (expert + 1)
-        for proj, (out, inp) in (("gate_proj", (INTERMEDIATE, HIDDEN)), ("up_proj", (INTERMEDIATE, HIDDEN)),
-                                 ("down_proj", (HIDDEN, INTERMEDIATE))):
+        for proj, (out, inp) in (("gate_proj", (intermediate, hidden)), ("up_proj", (intermediate, hidden)),
+                                 ("down_proj", (hidden, intermediate))):
             layer = _layer(generator, f"experts.{expert}.{proj}", out, inp, a16, scale)
             # vLLM's MoE loader takes per-expert scalars for the global scales
             tensors.update({k: v.reshape(()) if v.numel() == 1 else v for k, v in layer.items()})
