@@ -15,6 +15,11 @@ THD zig-zag split (``thd_get_partitioned_indices``): each sequence in ``2 * cp``
 holding chunks ``r`` and ``2 * cp - 1 - r``. The reference is the same layer on the whole packed
 batch with CP=1; the linear layers work per token, so each rank's q/k/v must equal the rows of
 its tokens in the reference.
+
+Without TransformerEngine, megatron-core 0.16.1 sets ``multi_latent_attention.HAVE_TE = True`` with
+``TELinear`` a ``MagicMock`` (its TE extension module stands in for TE classes) and ``MLASelfAttention.__init__``
+then fails on ``isinstance(self.linear_proj, TELinear)``; where ``TELinear`` is no class the layer
+is built with ``HAVE_TE`` read as ``False``, what it means there (no TE linear to set up).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import copy
 import dataclasses
 from collections.abc import Iterator, Sequence
 from typing import Any, Optional
+from unittest import mock
 
 import torch
 
@@ -78,11 +84,25 @@ def build_mla(rope_type: str = "rope", config_cp_size: int = 1, device: str = "c
     spec = get_gpt_layer_local_spec(multi_latent_attention=True).submodules.self_attention
     submodules = dataclasses.replace(spec.submodules, core_attention=NoCoreAttention)
     torch.manual_seed(1234)
-    layer = MLASelfAttention(config, submodules, layer_number=1, attn_mask_type=spec.params["attn_mask_type"])
+    with _no_te_linear():
+        layer = MLASelfAttention(config, submodules, layer_number=1, attn_mask_type=spec.params["attn_mask_type"])
     # Set after building: 0.14-0.19 validate context_parallel_size against nothing here, and the
     # layer's own groups (TP=CP=1 in the checks) stay what they are.
     config.context_parallel_size = config_cp_size
     return layer.to(device)
+
+
+@contextlib.contextmanager
+def _no_te_linear() -> Iterator[None]:
+    """``HAVE_TE`` read as ``False`` while the layer is built, where ``TELinear`` is no class (0.16.1 without TE)."""
+    from megatron.core.transformer import multi_latent_attention
+
+    if isinstance(getattr(multi_latent_attention, "TELinear", None), type) or not getattr(
+            multi_latent_attention, "HAVE_TE", False):
+        yield
+        return
+    with mock.patch.object(multi_latent_attention, "HAVE_TE", False):
+        yield
 
 
 def packed_seq_params(lengths: Sequence[int], device: str) -> Any:
