@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-import patchkit
-from patchkit.doctor import FAILED, VERIFIED, run
 from patchkit.patches.megatron._checks._harness import megatron_on
 from patchkit.patches.megatron._checks._mla_thd_cp import CP_SIZE, build_mla, compare_cp_ranks, zigzag_rows
 from patchkit.patches.megatron._errors import MlaRopeTableError
+
+import patchkit
+from patchkit.doctor import FAILED, VERIFIED, run
 from patchkit.selfcheck import patches_as_they_were, upstream_behaviour
 
 PATCH = "megatron.mla_thd_cp_rope"
