@@ -43,7 +43,8 @@ def wrap_apply_rotary_pos_emb(original: Callable[..., Any]) -> Callable[..., Any
 
     @functools.wraps(original)
     def apply_rotary_pos_emb(t: torch.Tensor, freqs: Any, *args: Any, **kwargs: Any) -> Any:
-        arguments = signature.bind_partial(t, freqs, *args, **kwargs).arguments
+        # MLA passes everything after freqs by keyword; bind only a call that does not.
+        arguments = signature.bind_partial(t, freqs, *args, **kwargs).arguments if args else kwargs
         cu_seqlens = arguments.get("cu_seqlens")
         cp_group = arguments.get("cp_group")
         if cu_seqlens is not None and cp_group is not None and cp_group.size() > 1:

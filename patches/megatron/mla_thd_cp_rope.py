@@ -8,7 +8,7 @@ table to ``tokens / CP`` rows, and every sequence longer than that fails with a 
 where one row is left, gets the wrong positions. The patch gives upstream's RoPE the table it
 needs (``_mla_thd_cp_rope_v014``). verl's MLA patches (V1: mcore < 0.13; V2: ``MultiLatentAttention
 .forward`` below 0.16.2, V padding for THD which upstream has from 0.18.0) touch the same code; on
-0.14-0.19 the table rule above is upstream's own, unchanged through 0.19.2.
+0.14-0.19 the table rule above is upstream's own, unchanged through 0.19.2 and on main d98e8a6.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ PATCHES = (
         ),
         removal=(
             "Remove once MLA decides the table length from the CP group it applies RoPE with "
-            "(pg_collection.cp.size()): unchanged in 0.14.0-0.19.2; Megatron-LM main not checked."
+            "(pg_collection.cp.size()): unchanged in 0.14.0-0.19.2 and on Megatron-LM main d98e8a6."
         ),
         version_modules={"megatron-core": "megatron.core"},
         variants=(

@@ -97,3 +97,25 @@ def test_check_fails_with_upstreams_apply_rotary_pos_emb():
     assert verdict.verdict == FAILED
     assert "rope RoPE, CP rank 0 of 2: q/k equal the CP=1 rows of its tokens" in verdict.message
     assert "RuntimeError: The size of tensor a" in verdict.message
+
+
+def test_wrapper_finds_cu_seqlens_and_cp_group_by_keyword_or_position():
+    """MLA passes them by keyword; a caller passing upstream's order by position is served the same."""
+    from patchkit.patches.megatron._checks._mla_thd_cp import ContextParallelRank
+    from patchkit.patches.megatron._mla_thd_cp_rope_v014 import wrap_apply_rotary_pos_emb
+
+    rows_seen = []
+
+    def upstream(t, freqs, config, cu_seqlens=None, mscale=1.0, cp_group=None):
+        rows_seen.append(freqs.size(0))
+        return t
+
+    apply = wrap_apply_rotary_pos_emb(upstream)
+    table = torch.arange(16, dtype=torch.float32).view(-1, 1, 1, 1) * torch.ones(1, 1, 1, 4)
+    cu_seqlens = torch.tensor([0, 16, 20], dtype=torch.int32)
+    tokens = torch.zeros(10, 1, 4)
+    apply(tokens, table[:10], None, cu_seqlens, 1.0, ContextParallelRank(2, 0))
+    apply(tokens, table[:10], config=None, cu_seqlens=cu_seqlens, cp_group=ContextParallelRank(2, 0))
+    apply(tokens, table[:10], config=None, cu_seqlens=cu_seqlens, cp_group=ContextParallelRank(1, 0))
+    apply(tokens, table[:10], config=None)
+    assert rows_seen == [16, 16, 10, 10]
