@@ -164,6 +164,9 @@ RECORDS = {
             ((('megatron-core', '0.17.1'),), 'verified', (
                 ('megatron.core.transformer.multi_latent_attention:apply_rotary_pos_emb', '4027886d34df28fb'),
             )),
+            ((('megatron-core', '0.18.2'),), 'verified', (
+                ('megatron.core.transformer.multi_latent_attention:apply_rotary_pos_emb', '4027886d34df28fb'),
+            )),
             ((('megatron-core', '0.19.2'),), 'verified', (
                 ('megatron.core.transformer.multi_latent_attention:apply_rotary_pos_emb', '4f2ab53f7c2e00f0'),
             )),
