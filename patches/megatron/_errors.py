@@ -121,3 +121,17 @@ class RoutingReplayKeywordConflict(PatchkitError, ValueError):
             f"TransformerConfig got enable_routing_replay={keyword!r} and moe_enable_routing_replay={field!r}; "
             "they are one switch (enable_routing_replay is the older name): pass one of them"
         )
+
+
+
+class MlaRopeTableError(PatchkitError, RuntimeError):
+    """MLA's RoPE table, cut short for packed sequences under context parallelism, cannot be rebuilt."""
+
+    def __init__(self, rows: int, needed: int, reason: str) -> None:
+        self.rows = rows
+        self.needed = needed
+        super().__init__(
+            f"MLA's RoPE table has {rows} rows, the longest packed sequence needs {needed} under context "
+            f"parallelism, and it cannot be extended: {reason}. Set MLATransformerConfig.context_parallel_size "
+            "to the size of the context-parallel group the model runs with"
+        )

@@ -150,6 +150,28 @@ RECORDS = {
             )),
         ),
     },
+    'megatron.mla_thd_cp_rope': {
+        'full-table-for-cp-group': (
+            ((('megatron-core', '0.14.0'),), 'verified', (
+                ('megatron.core.transformer.multi_latent_attention:apply_rotary_pos_emb', 'de2b7abbef1b4127'),
+            )),
+            ((('megatron-core', '0.15.3'),), 'verified', (
+                ('megatron.core.transformer.multi_latent_attention:apply_rotary_pos_emb', 'de2b7abbef1b4127'),
+            )),
+            ((('megatron-core', '0.16.1'),), 'verified', (
+                ('megatron.core.transformer.multi_latent_attention:apply_rotary_pos_emb', '57d1a95ae16d7553'),
+            )),
+            ((('megatron-core', '0.17.1'),), 'verified', (
+                ('megatron.core.transformer.multi_latent_attention:apply_rotary_pos_emb', '4027886d34df28fb'),
+            )),
+            ((('megatron-core', '0.18.2'),), 'verified', (
+                ('megatron.core.transformer.multi_latent_attention:apply_rotary_pos_emb', '4027886d34df28fb'),
+            )),
+            ((('megatron-core', '0.19.2'),), 'verified', (
+                ('megatron.core.transformer.multi_latent_attention:apply_rotary_pos_emb', '4f2ab53f7c2e00f0'),
+            )),
+        ),
+    },
     'megatron.moe_alltoall_replay_token_count': {
         'megatron-core>=0.14,<0.20': (
             ((('megatron-core', '0.14.0'),), 'verified', (
