@@ -40,3 +40,16 @@ def test_the_vllm_tests_skip_without_vllm(tmp_path: Path) -> None:
     assert result.returncode in (0, 5), result.stdout + result.stderr
     assert "skipped" in result.stdout and "vLLM is not installed" in result.stdout, result.stdout
     assert "error" not in result.stdout.lower(), result.stdout
+
+
+def test_the_whole_suite_collects_as_one_session() -> None:
+    """``pytest tests/`` in whatever environment runs this (CI's engine one has neither torch nor vLLM):
+    every folder collects or skips. Two ways it broke: ``tests/megatron/conftest.py`` imported torch before
+    skipping without megatron-core, and ``tests/vllm/conftest.py`` took ``tests/vllm`` itself, importable as
+    a namespace package ``vllm`` once another folder's conftest put ``tests/`` on ``sys.path``, for vLLM."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", str(TESTS), "--collect-only", "-q", "-p", "no:cacheprovider"],
+        cwd=TESTS.parent, capture_output=True, text=True, timeout=600,
+    )
+    summary = result.stdout.strip().splitlines()[-1]
+    assert result.returncode == 0 and "error" not in summary, result.stdout[-4000:] + result.stderr[-2000:]

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
-pytest.importorskip("megatron.core")
+pytest.importorskip("megatron.core")  # before torch: without torch the folder is skipped, not an error
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cpu_harness import cpu_megatron, destroy_parallel_state, initialize_parallel_state  # noqa: E402

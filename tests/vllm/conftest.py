@@ -15,11 +15,13 @@ from pathlib import Path
 import pytest
 
 try:
-    import vllm  # noqa: F401
+    import vllm
 except ImportError as missing:
     _VLLM_MISSING: ImportError | None = missing
 else:
-    _VLLM_MISSING = None
+    # In one ``pytest tests/`` session another folder's conftest puts tests/ on sys.path, where this
+    # folder imports as a namespace package named ``vllm`` (no ``__file__``): that is not vLLM.
+    _VLLM_MISSING = None if getattr(vllm, "__file__", None) else ImportError("only tests/vllm is importable as vllm")
 
 
 class _SkippedWithoutVllm(pytest.Module):
