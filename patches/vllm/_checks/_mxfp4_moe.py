@@ -32,8 +32,10 @@ from patchkit.selfcheck import CheckContext, NeedsGPU, SelfCheckFailed, expect
 from ._tiny_moe import load_by_expert_mapping
 
 EXPERTS = 4
-#: Marlin tiles: hidden a multiple of 256, intermediate of 128 (else vLLM pads and the refit refuses)
+#: Marlin tiles: hidden a multiple of 256, intermediate of 128 (vLLM pads anything else up to these)
 HIDDEN, INTERMEDIATE = 256, 256
+#: gpt-oss-20b/120b's sizes: Marlin pads both (hidden 2880 -> 3072, intermediate 2880 -> 2944)
+GPT_OSS_HIDDEN, GPT_OSS_INTERMEDIATE = 2880, 2880
 MXFP4_BLOCK = 32
 KINDS = ("gpt_oss", "mxfp4")
 _numbers = itertools.count()  # vLLM registers MoE layers by prefix in the process-wide context
@@ -101,6 +103,7 @@ class Mxfp4Moe(torch.nn.Module):
 
         super().__init__()
         self.kind = kind
+        self.hidden, self.intermediate = hidden, intermediate  # the checkpoint's sizes
         factory = getattr(fused_moe, "FusedMoEFactory", None) or fused_moe.FusedMoE  # 0.25+ / 0.24
         extra = {"has_bias": True, "activation": "swigluoai"} if kind == "gpt_oss" else {}
         self.experts = factory(
@@ -158,12 +161,13 @@ def checkpoint(kind: str, seed: int, hidden: int = HIDDEN, intermediate: int = I
     return tensors
 
 
-def first_load(kind: str, weights: dict[str, torch.Tensor], device: str = "cpu") -> Mxfp4Moe:
+def first_load(kind: str, weights: dict[str, torch.Tensor], device: str = "cpu",
+               hidden: int = HIDDEN, intermediate: int = INTERMEDIATE) -> Mxfp4Moe:
     """vLLM's own first load: a fresh model, its loaders, its processing (inside :func:`marlin_backend`)."""
     from .._nvfp4_checkpoint import process_weights_after_loading
 
     with torch.device(device):
-        model = Mxfp4Moe(kind)
+        model = Mxfp4Moe(kind, hidden, intermediate)
     model.load_weights((name, tensor.to(device)) for name, tensor in weights.items())
     process_weights_after_loading(model)
     return model
