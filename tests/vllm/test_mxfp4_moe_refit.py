@@ -195,6 +195,27 @@ def test_a_padded_layer_demands_the_checkpoint_part_of_each_tensor(mxfp4_refit_p
     assert_same_kernel_state(model, before)
 
 
+def test_a_padded_intermediate_split_in_part_blocks_over_tp_ranks_is_refused_by_name(mxfp4_refit_patch: None) -> None:
+    """gpt-oss at TP 4: 2880 / 4 = 720 per rank, padded to 768, not whole 32-wide blocks, so gpt-oss's loader
+    gives the ranks 736 or 672 rows, not the 720 a refit would demand. Refused before any write (the rank
+    count is set on vLLM's own MoE parallel config: one process cannot run four ranks)."""
+    import dataclasses
+
+    hidden, per_rank = GPT_OSS_HIDDEN, GPT_OSS_INTERMEDIATE // 4
+    with torch.device("cpu"):
+        model = Mxfp4Moe("gpt_oss", hidden, per_rank)
+    moe = model.routed.quant_method.moe
+    moe.moe_parallel_config = dataclasses.replace(moe.moe_parallel_config, tp_size=4)
+    model.load_weights(items(checkpoint("gpt_oss", 1, hidden, per_rank)))
+    process_weights_after_loading(model)
+    before = kernel_state(model)
+    with pytest.raises(UnsupportedQuantizationError, match=r"intermediate size 720 per rank padded to 768 across 4 "
+                       r"tensor-parallel ranks") as caught:
+        refit_weights(model, items(checkpoint("gpt_oss", 2, hidden, per_rank)))
+    assert "vllm.mxfp4_moe_refit" in caught.value.supported
+    assert_same_kernel_state(model, before)
+
+
 # --- vLLM's own layerwise reload (reload_weights, vLLM #32133): why MXFP4 is not declared native ---
 
 

@@ -191,17 +191,23 @@ def _identities(model: torch.nn.Module) -> dict[str, tuple[int, int]]:
     return {name: (id(p), p.data_ptr()) for name, p in model.named_parameters()}
 
 
+#: the self-check's layer: gpt-oss's hidden size and a small intermediate one, both padded on Marlin
+#: (2880 -> 3072, 192 -> 256), so the check runs the padded path gpt-oss-20b/120b take
+CHECK_SIZES = (GPT_OSS_HIDDEN, 192)
+
+
 def check_mxfp4_moe_refit(context: CheckContext) -> None:
     """Load one gpt-oss MXFP4 checkpoint, refit another, refit back: each time the layer's kernel tensors
-    equal vLLM's own first load of that checkpoint bit for bit, in the same tensor objects and storage."""
+    equal vLLM's own first load of that checkpoint bit for bit, in the same tensor objects and storage.
+    The layer has gpt-oss's hidden size (2880), which vLLM pads for Marlin."""
     from ..refit import refit
     from ._cpu_stand_in import vllm_context
 
     device = context.device
-    first, second = checkpoint("gpt_oss", seed=1), checkpoint("gpt_oss", seed=2)
+    first, second = checkpoint("gpt_oss", 1, *CHECK_SIZES), checkpoint("gpt_oss", 2, *CHECK_SIZES)
     with vllm_context(device), marlin_backend(device):
         try:
-            model = first_load("gpt_oss", first, device)
+            model = first_load("gpt_oss", first, device, *CHECK_SIZES)
         except NotImplementedError as exc:  # vLLM's MXFP4 oracle found no backend here
             raise NeedsGPU(f"vLLM selects no MXFP4 MoE backend here ({str(exc)[:160]})") from exc
         backend = str(getattr(model.routed.quant_method.mxfp4_backend, "name", "?"))
@@ -218,7 +224,7 @@ def check_mxfp4_moe_refit(context: CheckContext) -> None:
                                       f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
                                       ) from exc
             if name not in loaded:
-                loaded[name] = kernel_bytes(first_load("gpt_oss", weights, device))
+                loaded[name] = kernel_bytes(first_load("gpt_oss", weights, device, *CHECK_SIZES))
             wrong = differing(model, loaded[name])
             expect(not wrong, f"after the {step} the kernel tensors equal vLLM's own first load of {name}",
                    "all of them, bit for bit", wrong)
