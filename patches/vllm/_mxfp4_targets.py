@@ -102,12 +102,15 @@ def checkpoint_shapes(method: Any, layer: Any) -> dict[str, tuple[int, ...]]:
     sizes = _Sizes.of(method)
     if not sizes.padded:
         return {}
-    shapes = {}
+    shapes: dict[str, tuple[int, ...]] = {}
     for name, layout in _LAYOUTS.items():
         param = layer._parameters.get(name)
-        if param is not None:
-            shapes[name] = tuple(sizes.unpad(kind, size) for kind, size in zip(layout, param.shape, strict=True))
-    return {name: shape for name, shape in shapes.items() if shape != tuple(layer._parameters[name].shape)}
+        if param is None:
+            continue
+        shape = tuple(sizes.unpad(kind, size) for kind, size in zip(layout, param.shape, strict=True))
+        if shape != tuple(param.shape):
+            shapes[name] = shape
+    return shapes
 
 
 @dataclass(frozen=True)
