@@ -30,10 +30,12 @@ to its checkpoint rows and columns) and processing runs over the whole, zero pad
 reproduces that: :func:`checkpoint_shapes` tells it the checkpoint's shape of each padded parameter,
 so it stages zeros of the padded shape and demands exactly the checkpoint's elements.
 
-Still refused: a padded intermediate size split over tensor-parallel ranks into slices that are not
-whole 32-wide MXFP4 blocks (gpt-oss at TP 4 or 8: 2880 / 4 = 720). gpt-oss's loader then gives the
-ranks unequal slices (``GptOssModel._load_weights_mxfp4`` splits in blocks: 736, 736, 736, 672), not
-the configured 720 a refit would demand, and no such run was made here.
+With tensor parallelism (no expert parallelism) each rank holds a slice of the intermediate size. The
+per-expert ``mxfp4`` loader gives each rank ``intermediate // tp`` (``RoutedExperts._load_w13``/``_w2``),
+the configured per-rank size. gpt-oss's model loader (``GptOssModel._load_weights_mxfp4``, 0.24-0.33)
+slices in whole 32-wide MXFP4 blocks instead: ``cdiv(intermediate // 32, tp) * 32`` rows a rank, the
+last rank the rest. Where that is not the configured size (gpt-oss at TP 4: 736, 736, 736 and 672
+rows, configured 720, padded to 768) the refit demands gpt-oss's slice (:func:`_gpt_oss_rank_rows`).
 """
 
 from __future__ import annotations
@@ -47,10 +49,7 @@ _METHOD_NAMES = ("GptOssMxfp4MoEMethod", "Mxfp4MoEMethod")
 REFITTABLE_BACKENDS = frozenset({"MARLIN"})
 
 #: What a refit takes of MXFP4, for error messages.
-SUPPORTED = (
-    "MXFP4 fused-MoE layers on vLLM's MARLIN backend, padded or not (a padded intermediate size split"
-    " over tensor-parallel ranks only in whole 32-wide blocks) (vllm.mxfp4_moe_refit)"
-)
+SUPPORTED = "MXFP4 fused-MoE layers on vLLM's MARLIN backend, padded or not (vllm.mxfp4_moe_refit)"
 MXFP4_BLOCK = 32
 #: Which dimension of each checkpoint parameter is the experts' (``e``), hidden (``h``) or
 #: intermediate (``i``) one, as ``create_weights`` lays them out (0.24-0.33, both methods).
@@ -85,21 +84,12 @@ def unrefittable_reason(method: Any) -> str | None:
     backend = backend_name(method)
     if backend not in REFITTABLE_BACKENDS:
         return f"MXFP4 backend {backend}; a refit supports {', '.join(sorted(REFITTABLE_BACKENDS))}"
-    sizes = _Sizes.of(method)
-    if sizes.intermediate != sizes.intermediate_checkpoint and sizes.tp_size > 1 and (
-        sizes.intermediate_checkpoint % MXFP4_BLOCK
-    ):
-        return (
-            f"MXFP4 backend {backend} with intermediate size {sizes.intermediate_checkpoint} per rank padded"
-            f" to {sizes.intermediate} across {sizes.tp_size} tensor-parallel ranks: not whole"
-            f" {MXFP4_BLOCK}-wide blocks, so gpt-oss's loader gives the ranks other slices than that"
-        )
     return None
 
 
 def checkpoint_shapes(method: Any, layer: Any) -> dict[str, tuple[int, ...]]:
     """The checkpoint's shape of each parameter of ``layer`` that vLLM padded (empty: none is)."""
-    sizes = _Sizes.of(method)
+    sizes = _Sizes.of(method, layer)
     if not sizes.padded:
         return {}
     shapes: dict[str, tuple[int, ...]] = {}
@@ -115,24 +105,27 @@ def checkpoint_shapes(method: Any, layer: Any) -> dict[str, tuple[int, ...]]:
 
 @dataclass(frozen=True)
 class _Sizes:
-    """A layer's padded and checkpoint (unpadded) sizes, from its ``FusedMoEConfig``."""
+    """A layer's padded sizes and the checkpoint's (what its loader writes), from its ``FusedMoEConfig``."""
 
     hidden: int
     hidden_checkpoint: int
     intermediate: int
     intermediate_checkpoint: int
-    tp_size: int
 
     @classmethod
-    def of(cls, method: Any) -> _Sizes:
+    def of(cls, method: Any, layer: Any) -> _Sizes:
         moe = method.moe
         hidden, intermediate = moe.hidden_dim, moe.intermediate_size_per_partition
+        per_rank = moe.intermediate_size_per_partition_unpadded or intermediate
+        parallel = getattr(moe, "moe_parallel_config", None)
+        tp_size, tp_rank = getattr(parallel, "tp_size", 1), getattr(parallel, "tp_rank", 0)
+        if tp_size > 1 and _loaded_by_gpt_oss(layer):
+            per_rank = _gpt_oss_rank_rows(per_rank * tp_size, tp_size, tp_rank)
         return cls(
             hidden=hidden,
             hidden_checkpoint=moe.hidden_dim_unpadded or hidden,
             intermediate=intermediate,
-            intermediate_checkpoint=moe.intermediate_size_per_partition_unpadded or intermediate,
-            tp_size=getattr(getattr(moe, "moe_parallel_config", None), "tp_size", 1),
+            intermediate_checkpoint=per_rank,
         )
 
     @property
@@ -147,3 +140,19 @@ class _Sizes:
         if kind == "i":
             return size * self.intermediate_checkpoint // self.intermediate
         return size
+
+
+def _loaded_by_gpt_oss(layer: Any) -> bool:
+    """Whether vLLM's gpt-oss model loads ``layer``: its fused-MoE loader takes whole tensors for the
+    ``gpt_oss_mxfp4`` quant config only (every other config loads per expert)."""
+    config = getattr(layer, "quant_config", None)
+    return config is not None and config.get_name() == "gpt_oss_mxfp4"
+
+
+def _gpt_oss_rank_rows(intermediate: int, tp_size: int, tp_rank: int) -> int:
+    """The intermediate rows ``GptOssModel._load_weights_mxfp4`` hands tensor-parallel rank ``tp_rank``:
+    whole 32-wide blocks, ``cdiv(blocks, tp_size)`` a rank, the last ranks what is left (maybe none)."""
+    blocks = intermediate // MXFP4_BLOCK
+    per_rank = -(-blocks // tp_size) * MXFP4_BLOCK
+    start = tp_rank * per_rank
+    return max(0, min(start + per_rank, intermediate) - start)

@@ -29,10 +29,11 @@ from patchkit.patches.vllm._checks._mxfp4_moe import (
     checkpoint,
     differing,
     first_load,
+    gpt_oss_rank_slice,
     kernel_bytes,
     marlin_backend,
 )
-from patchkit.patches.vllm.refit import RefitError, UnsupportedQuantizationError, refit, refit_weights
+from patchkit.patches.vllm.refit import RefitError, refit, refit_weights
 
 import patchkit
 
@@ -195,25 +196,37 @@ def test_a_padded_layer_demands_the_checkpoint_part_of_each_tensor(mxfp4_refit_p
     assert_same_kernel_state(model, before)
 
 
-def test_a_padded_intermediate_split_in_part_blocks_over_tp_ranks_is_refused_by_name(mxfp4_refit_patch: None) -> None:
-    """gpt-oss at TP 4: 2880 / 4 = 720 per rank, padded to 768, not whole 32-wide blocks, so gpt-oss's loader
-    gives the ranks 736 or 672 rows, not the 720 a refit would demand. Refused before any write (the rank
-    count is set on vLLM's own MoE parallel config: one process cannot run four ranks)."""
-    import dataclasses
-
-    hidden, per_rank = GPT_OSS_HIDDEN, GPT_OSS_INTERMEDIATE // 4
-    with torch.device("cpu"):
-        model = Mxfp4Moe("gpt_oss", hidden, per_rank)
+@pytest.mark.parametrize("tp_rank", [0, 3])
+@pytest.mark.parametrize("start", ["load", "dummy"])
+def test_a_gpt_oss_tp_rank_with_part_block_slices_refits_to_vllms_first_load(
+    mxfp4_refit_patch: None, vllm_config: object, start: str, tp_rank: int
+) -> None:
+    """gpt-oss at TP 4: 2880 / 4 = 720 rows a rank, padded to 768, but gpt-oss's loader slices in 32-wide blocks:
+    ranks 0-2 get 736 rows, rank 3 gets 672. The refit demands that slice and equals vLLM's first load of it
+    (the rank is set on vLLM's own MoE parallel config: one process cannot run four ranks); a slice of the
+    configured 720 rows is refused on rank 3, by name, changing nothing."""
+    tp, hidden, per_rank = (4, tp_rank), GPT_OSS_HIDDEN, GPT_OSS_INTERMEDIATE // 4
+    full = checkpoint("gpt_oss", 100, hidden, GPT_OSS_INTERMEDIATE)
+    if start == "dummy":
+        model = dummy_started(Mxfp4Moe("gpt_oss", hidden, per_rank, tp), vllm_config)
+    else:
+        model = first_load("gpt_oss", gpt_oss_rank_slice(full, *tp), "cpu", hidden, per_rank, tp)
     moe = model.routed.quant_method.moe
-    moe.moe_parallel_config = dataclasses.replace(moe.moe_parallel_config, tp_size=4)
-    model.load_weights(items(checkpoint("gpt_oss", 1, hidden, per_rank)))
-    process_weights_after_loading(model)
-    before = kernel_state(model)
-    with pytest.raises(UnsupportedQuantizationError, match=r"intermediate size 720 per rank padded to 768 across 4 "
-                       r"tensor-parallel ranks") as caught:
-        refit_weights(model, items(checkpoint("gpt_oss", 2, hidden, per_rank)))
-    assert "vllm.mxfp4_moe_refit" in caught.value.supported
-    assert_same_kernel_state(model, before)
+    assert (moe.intermediate_size_per_partition_unpadded, moe.intermediate_size_per_partition) == (720, 768)
+    before = identities(model)
+    weights = gpt_oss_rank_slice(checkpoint("gpt_oss", 1, hidden, GPT_OSS_INTERMEDIATE), *tp)
+    assert weights["experts.w2_weight"].shape[-1] * 2 == (736 if tp_rank < 3 else 672)
+    refit_weights(model, items(weights))
+    reference = first_load("gpt_oss", weights, "cpu", hidden, per_rank, tp)
+    assert differing(model, kernel_bytes(reference)) == []
+    assert identities(model) == before
+    if tp_rank == 3:
+        kept = kernel_state(model)
+        short = gpt_oss_rank_slice(checkpoint("gpt_oss", 2, hidden, GPT_OSS_INTERMEDIATE), *tp)
+        short["experts.w2_weight"] = short["experts.w2_weight"][..., : 640 // 2].contiguous()
+        with pytest.raises(RefitError, match=r"'w2_weight' \(\(4, 2880, 336\) padded to \(4, 3072, 384\)"):
+            refit_weights(model, items(short))
+        assert_same_kernel_state(model, kept)
 
 
 # --- vLLM's own layerwise reload (reload_weights, vLLM #32133): why MXFP4 is not declared native ---

@@ -98,7 +98,10 @@ def _config(kind: str) -> Any:
 class Mxfp4Moe(torch.nn.Module):
     """One vLLM fused-MoE layer (``experts``) with an MXFP4 config; build inside :func:`marlin_backend`."""
 
-    def __init__(self, kind: str, hidden: int = HIDDEN, intermediate: int = INTERMEDIATE) -> None:
+    def __init__(self, kind: str, hidden: int = HIDDEN, intermediate: int = INTERMEDIATE,
+                 tp: tuple[int, int] | None = None) -> None:
+        """``intermediate`` is per rank; ``tp`` (size, rank) makes the layer one rank of that many (see
+        :func:`as_tp_rank`)."""
         from vllm.model_executor.layers import fused_moe
 
         super().__init__()
@@ -111,6 +114,8 @@ class Mxfp4Moe(torch.nn.Module):
             params_dtype=torch.bfloat16, quant_config=_config(kind),
             prefix=f"patchkit_mxfp4_moe{next(_numbers)}.experts", tp_size=1, dp_size=1, pcp_size=1, **extra,
         )
+        if tp is not None:
+            as_tp_rank(self.routed, *tp)
 
     @property
     def routed(self) -> torch.nn.Module:
@@ -128,6 +133,34 @@ class Mxfp4Moe(torch.nn.Module):
                 loaded.add(name)
             return loaded
         return load_by_expert_mapping(self, weights, EXPERTS)
+
+
+def as_tp_rank(routed: torch.nn.Module, tp_size: int, tp_rank: int) -> None:
+    """Make a layer built for one rank with the per-rank intermediate size look like rank ``tp_rank`` of
+    ``tp_size`` to its MXFP4 method: the ``tp_size``/``tp_rank`` of vLLM's own ``FusedMoEParallelConfig``
+    (one process cannot start several ranks). The padded sizes are those vLLM computes for that rank:
+    it pads the per-rank size, which is what the layer was built with."""
+    import dataclasses
+
+    moe = routed.quant_method.moe
+    moe.moe_parallel_config = dataclasses.replace(moe.moe_parallel_config, tp_size=tp_size, tp_rank=tp_rank)
+
+
+def gpt_oss_rank_slice(weights: dict[str, torch.Tensor], tp_size: int, tp_rank: int) -> dict[str, torch.Tensor]:
+    """What ``GptOssModel._load_weights_mxfp4`` (0.24-0.33, no expert parallelism) hands tensor-parallel rank
+    ``tp_rank`` of a gpt-oss checkpoint (:func:`checkpoint`): intermediate slices in whole 32-wide blocks,
+    the down-projection bias on rank 0 only (zeros elsewhere)."""
+    intermediate = weights["experts.w2_weight"].shape[-1] * 2
+    per_rank = -(-(intermediate // MXFP4_BLOCK) // tp_size) * MXFP4_BLOCK
+    start, end = tp_rank * per_rank, min((tp_rank + 1) * per_rank, intermediate)
+    return {
+        "experts.w13_weight": weights["experts.w13_weight"][:, 2 * start:2 * end, ...],
+        "experts.w13_weight_scale": weights["experts.w13_weight_scale"][:, 2 * start:2 * end, ...],
+        "experts.w13_bias": weights["experts.w13_bias"][:, 2 * start:2 * end],
+        "experts.w2_weight": weights["experts.w2_weight"][..., start // 2:end // 2],
+        "experts.w2_weight_scale": weights["experts.w2_weight_scale"][..., start // MXFP4_BLOCK:end // MXFP4_BLOCK],
+        "experts.w2_bias": weights["experts.w2_bias"] if tp_rank == 0 else torch.zeros_like(weights["experts.w2_bias"]),
+    }
 
 
 def _packed(generator: torch.Generator, *shape: int) -> torch.Tensor:
@@ -162,12 +195,12 @@ def checkpoint(kind: str, seed: int, hidden: int = HIDDEN, intermediate: int = I
 
 
 def first_load(kind: str, weights: dict[str, torch.Tensor], device: str = "cpu",
-               hidden: int = HIDDEN, intermediate: int = INTERMEDIATE) -> Mxfp4Moe:
+               hidden: int = HIDDEN, intermediate: int = INTERMEDIATE, tp: tuple[int, int] | None = None) -> Mxfp4Moe:
     """vLLM's own first load: a fresh model, its loaders, its processing (inside :func:`marlin_backend`)."""
     from .._nvfp4_checkpoint import process_weights_after_loading
 
     with torch.device(device):
-        model = Mxfp4Moe(kind, hidden, intermediate)
+        model = Mxfp4Moe(kind, hidden, intermediate, tp)
     model.load_weights((name, tensor.to(device)) for name, tensor in weights.items())
     process_weights_after_loading(model)
     return model
