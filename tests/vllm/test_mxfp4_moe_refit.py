@@ -33,7 +33,7 @@ from patchkit.patches.vllm._checks._mxfp4_moe import (
     kernel_bytes,
     marlin_backend,
 )
-from patchkit.patches.vllm.refit import RefitError, refit, refit_weights
+from patchkit.patches.vllm.refit import RefitError, UnsupportedQuantizationError, refit, refit_weights
 
 import patchkit
 
@@ -227,6 +227,25 @@ def test_a_gpt_oss_tp_rank_with_part_block_slices_refits_to_vllms_first_load(
         with pytest.raises(RefitError, match=r"'w2_weight' \(\(4, 2880, 336\) padded to \(4, 3072, 384\)"):
             refit_weights(model, items(short))
         assert_same_kernel_state(model, kept)
+
+
+def test_a_layer_on_another_backend_is_refused_by_name_and_changes_nothing(
+    marlin: None, nvfp4_refit_patch: None
+) -> None:
+    """Backends other than MARLIN stay refused, naming the backend. No other MXFP4 backend builds on CPU (Triton
+    needs triton_kernels, EMULATION amd-quark), so a layer processed on Marlin is relabelled TRITON, as the
+    method reports a Triton layer (``mxfp4_backend``); unrecorded, as the patch leaves such a layer."""
+    from vllm.model_executor.layers.fused_moe.oracle.mxfp4 import Mxfp4MoeBackend
+
+    sizes = SIZES["gpt-oss-hidden-padded"]
+    model = first_load("gpt_oss", checkpoint("gpt_oss", 1, *sizes), "cpu", *sizes)
+    model.routed.quant_method.mxfp4_backend = Mxfp4MoeBackend.TRITON
+    before = kernel_state(model)
+    with pytest.raises(UnsupportedQuantizationError,
+                       match=r"GptOssMxfp4MoEMethod \(MXFP4 backend TRITON; a refit supports MARLIN\)") as caught:
+        refit_weights(model, items(checkpoint("gpt_oss", 2, *sizes)))
+    assert "vllm.mxfp4_moe_refit" in caught.value.supported
+    assert_same_kernel_state(model, before)
 
 
 # --- vLLM's own layerwise reload (reload_weights, vLLM #32133): why MXFP4 is not declared native ---
