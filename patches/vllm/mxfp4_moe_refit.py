@@ -16,11 +16,11 @@ Covered: the MARLIN backend, padded or not. vLLM pads for Marlin (hidden size to
 intermediate size to 128: gpt-oss-20b/120b's 2880/2880 become 3072/2944, the same in 0.24, 0.29 and
 0.33), zero-fills the padded parameters and loads the checkpoint into part of them; a refit stages
 zeros of the padded shape and demands the checkpoint's part (``_mxfp4_targets.checkpoint_shapes``).
+With tensor parallelism a rank is demanded the slice its loader gives it: gpt-oss's model loader
+slices in whole 32-wide blocks (at TP 4: 736, 736, 736 and 672 rows, not the configured 720).
 Refused by name, before any write (``UnsupportedQuantizationError``): every other backend
 (``_mxfp4_targets`` says why: the Triton backends keep swizzled scales in the method's precision
-configs, the rest could not be run here), and a padded intermediate size split over tensor-parallel
-ranks in slices that are not whole 32-wide blocks (gpt-oss at TP 4 or 8, whose loader then gives the
-ranks unequal slices).
+configs, the rest could not be run here).
 
 No range is declared ``native``: vLLM's layerwise reload (``reload_weights``, vLLM #32133) is not
 all-or-nothing on bad input (tests/vllm/test_mxfp4_moe_refit.py pins what it does on MXFP4).
