@@ -2,10 +2,10 @@
 
 The recording is the one ModelOpt NVFP4 and FP8 layers get (``_refit_record``: the checkpoint
 parameters ``create_weights`` registered going in, the kernel tensors processing produced coming
-out), taken only for a layer a refit can serve exactly (``_mxfp4_targets``: the MARLIN backend,
-unpadded). Any other MXFP4 layer is processed as upstream does and left unrecorded, and a refit
-refuses it by name and reason (``_refit_targets``) before writing anything. Nothing of vLLM's
-methods changes.
+out), taken only for a layer a refit can serve exactly (``_mxfp4_targets``: the MARLIN backend),
+with the checkpoint's shape of each parameter vLLM padded (``_mxfp4_targets.checkpoint_shapes``).
+Any other MXFP4 layer is processed as upstream does and left unrecorded, and a refit refuses it by
+name and reason (``_refit_targets``) before writing anything. Nothing of vLLM's methods changes.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ._mxfp4_targets import unrefittable_reason
+from ._mxfp4_targets import checkpoint_shapes, unrefittable_reason
 from ._refit_record import wrap_create_weights
 from ._refit_record import wrap_process_weights_after_loading as _recording
 from ._refit_state import CREATED_ATTR
@@ -26,7 +26,7 @@ __all__ = ["wrap_create_weights", "wrap_process_weights_after_loading"]
 
 def wrap_process_weights_after_loading(original: Callable[..., Any]) -> Callable[..., Any]:
     """Factory for ``Wrap``: record the layers a refit can take; process the others untouched."""
-    recording = _recording(original)
+    recording = _recording(original, checkpoint_shapes)
 
     @functools.wraps(original)
     def process_weights_after_loading(self: Any, layer: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:

@@ -118,7 +118,7 @@ def _stage_layer(layer_name: str, layer: torch.nn.Module, state: LayerRefitState
     state.staging = Staging(params={name: param for name, (param, _) in state.staged_params.items()})
     for name, spec in state.checkpoint.items():
         param, attrs = state.staged_params[name]
-        param.data = spec.empty()
+        param.data = spec.staging_storage()
         # What the last refit's processing (or anyone) set on the parameter does not carry over.
         param.__dict__.clear()
         param.__dict__.update(attrs)

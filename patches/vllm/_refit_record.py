@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -54,15 +54,23 @@ def wrap_create_weights(original: Callable[..., Any]) -> Callable[..., Any]:
     return create_weights
 
 
-def wrap_process_weights_after_loading(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Factory for ``Wrap``: record refit metadata around the first processing of a layer."""
+def wrap_process_weights_after_loading(
+    original: Callable[..., Any],
+    checkpoint_shapes: Callable[[Any, torch.nn.Module], Mapping[str, tuple[int, ...]]] | None = None,
+) -> Callable[..., Any]:
+    """Factory for ``Wrap``: record refit metadata around the first processing of a layer.
+
+    ``checkpoint_shapes(method, layer)``, for a format whose layers vLLM may pad (MXFP4 MoE), gives the
+    checkpoint's shape of each padded parameter (``ParamSpec.checkpoint_shape``).
+    """
 
     @functools.wraps(original)
     def process_weights_after_loading(self: Any, layer: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         if layer.__dict__.get(STATE_ATTR) is not None:
             return original(self, layer, *args, **kwargs)
         created = layer.__dict__.pop(CREATED_ATTR, None)
-        checkpoint = capture_checkpoint_specs(layer, created, unread_placeholders(self))
+        shapes = checkpoint_shapes(self, layer) if checkpoint_shapes is not None else None
+        checkpoint = capture_checkpoint_specs(layer, created, unread_placeholders(self), shapes)
         result = original(self, layer, *args, **kwargs)
         object.__setattr__(
             layer,

@@ -13,6 +13,7 @@ though weight loaders are bound to it.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,9 +45,19 @@ class ParamSpec:
     #: a placeholder the layer's method never reads (W4A16's input scales): loaded when present,
     #: not demanded when absent
     optional: bool = False
+    #: for a parameter vLLM padded beyond the checkpoint (MXFP4 MoE rounded up to the kernel's tile):
+    #: the checkpoint's shape of it. The loaders fill that many elements; the rest stays the zeros
+    #: ``create_weights`` put there. ``None``: the checkpoint fills the whole parameter.
+    checkpoint_shape: tuple[int, ...] | None = None
 
     @classmethod
-    def of(cls, name: str, param: torch.nn.Parameter, optional: bool = False) -> ParamSpec:
+    def of(
+        cls,
+        name: str,
+        param: torch.nn.Parameter,
+        optional: bool = False,
+        checkpoint_shape: tuple[int, ...] | None = None,
+    ) -> ParamSpec:
         return cls(
             name=name,
             cls=type(param),
@@ -56,6 +67,7 @@ class ParamSpec:
             device=param.device,
             attrs=dict(param.__dict__),
             optional=optional,
+            checkpoint_shape=checkpoint_shape if checkpoint_shape != tuple(param.shape) else None,
         )
 
     @property
@@ -63,13 +75,27 @@ class ParamSpec:
         return math.prod(self.shape)
 
     @property
+    def padded(self) -> bool:
+        return self.checkpoint_shape is not None
+
+    @property
     def required(self) -> int:
-        """Elements a refit must write: the whole parameter, or nothing for a placeholder."""
-        return 0 if self.optional else self.numel
+        """Elements a refit must write: the whole parameter (its checkpoint part where padded), or
+        nothing for a placeholder."""
+        if self.optional:
+            return 0
+        return math.prod(self.checkpoint_shape) if self.checkpoint_shape is not None else self.numel
 
     def empty(self) -> torch.Tensor:
         """Uninitialised storage of the recorded shape, strides, dtype and device."""
         return torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device=self.device)
+
+    def staging_storage(self) -> torch.Tensor:
+        """Storage for a refit to load into: uninitialised (the loaders write every element), or
+        zeros where the parameter is padded, as ``create_weights`` made it (the loaders write only the
+        checkpoint's part; the padding must be zero, whatever a dummy start or the last refit left)."""
+        storage = self.empty()
+        return storage.zero_() if self.padded else storage
 
     def materialize(self) -> torch.nn.Parameter:
         """A new, uninitialised parameter of the recorded vLLM class with the recorded loader."""
@@ -81,6 +107,8 @@ class ParamSpec:
         return param
 
     def describe(self) -> str:
+        if self.checkpoint_shape is not None:
+            return f"{shape_text(self.checkpoint_shape)} padded to {shape_text(self.shape)} {self.dtype}"
         return f"{shape_text(self.shape)} {self.dtype}"
 
 
@@ -167,15 +195,20 @@ class LayerRefitState:
 
 
 def capture_checkpoint_specs(
-    layer: torch.nn.Module, created: frozenset[str] | None, optional: frozenset[str]
+    layer: torch.nn.Module,
+    created: frozenset[str] | None,
+    optional: frozenset[str],
+    checkpoint_shapes: Mapping[str, tuple[int, ...]] | None = None,
 ) -> dict[str, ParamSpec]:
     """The checkpoint parameters ``create_weights`` registered (``created``), as they are now.
 
     ``created`` is None for a layer built before the patch was applied: then every parameter but
-    the ones the layer loads itself (``bias``) counts.
+    the ones the layer loads itself (``bias``) counts. ``checkpoint_shapes`` gives the checkpoint's
+    shape of each parameter vLLM padded (``ParamSpec.checkpoint_shape``).
     """
+    shapes = checkpoint_shapes or {}
     return {
-        name: ParamSpec.of(name, param, optional=name in optional)
+        name: ParamSpec.of(name, param, optional=name in optional, checkpoint_shape=shapes.get(name))
         for name, param in layer._parameters.items()
         if param is not None
         and (name in created if created is not None else name not in UNPROCESSED_PARAMS)

@@ -6,6 +6,10 @@ permutation) are upstream's; on CPU, Marlin's device check and its CUDA repack o
 (``patchkit.patches.vllm._checks._mxfp4_moe.marlin_backend``, read it for exactly what). The proof for
 every case is vLLM's own first load of the same checkpoint into a fresh model: after each refit every
 kernel tensor equals that model's bit for bit, and keeps its object and storage.
+
+Sizes: unpadded (Marlin's tiles) and padded the way vLLM pads gpt-oss on Marlin: gpt-oss-20b/120b's
+own hidden size 2880 (-> 3072) with a small intermediate size that is padded too (192 -> 256), and
+the real model's pair 2880/2880 (-> 3072/2944) with few experts.
 """
 
 from __future__ import annotations
@@ -16,11 +20,16 @@ import pytest
 import torch
 from nvfp4_helpers import assert_same_kernel_state, dummy_started, kernel_state, process_weights_after_loading
 from patchkit.patches.vllm._checks._mxfp4_moe import (
+    GPT_OSS_HIDDEN,
+    GPT_OSS_INTERMEDIATE,
+    HIDDEN,
+    INTERMEDIATE,
     KINDS,
     Mxfp4Moe,
     checkpoint,
     differing,
     first_load,
+    gpt_oss_rank_slice,
     kernel_bytes,
     marlin_backend,
 )
@@ -29,6 +38,13 @@ from patchkit.patches.vllm.refit import RefitError, UnsupportedQuantizationError
 import patchkit
 
 PATCH = "vllm.mxfp4_moe_refit"
+#: (hidden, intermediate) of the checkpoint, by id
+SIZES = {
+    "unpadded": (HIDDEN, INTERMEDIATE),
+    "gpt-oss-hidden-padded": (GPT_OSS_HIDDEN, 192),
+}
+#: the real gpt-oss pair, for the refit proof only (each first load of it takes a while on CPU)
+GPT_OSS_SIZES = {"gpt-oss-20b-sizes": (GPT_OSS_HIDDEN, GPT_OSS_INTERMEDIATE)}
 
 
 @pytest.fixture
@@ -56,30 +72,32 @@ def items(weights: dict[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]
     return iter(list(weights.items()))
 
 
-def started(kind: str, start: str, vllm_config: object) -> Mxfp4Moe:
+def started(kind: str, start: str, vllm_config: object, sizes: tuple[int, int] = (HIDDEN, INTERMEDIATE)) -> Mxfp4Moe:
     if start == "dummy":
-        return dummy_started(Mxfp4Moe(kind), vllm_config)  # type: ignore[return-value]
-    return first_load(kind, checkpoint(kind, seed=100))
+        return dummy_started(Mxfp4Moe(kind, *sizes), vllm_config)  # type: ignore[return-value]
+    return first_load(kind, checkpoint(kind, 100, *sizes), "cpu", *sizes)
 
 
 def assert_same_as_first_load(model: Mxfp4Moe, weights: dict[str, torch.Tensor]) -> None:
-    assert differing(model, kernel_bytes(first_load(model.kind, weights))) == []
+    reference = first_load(model.kind, weights, "cpu", model.hidden, model.intermediate)
+    assert differing(model, kernel_bytes(reference)) == []
 
 
 def identities(model: torch.nn.Module) -> dict[str, tuple[int, int]]:
     return {name: (id(p), p.data_ptr()) for name, p in model.named_parameters()}
 
 
+@pytest.mark.parametrize("sizes", list(SIZES.values()), ids=list(SIZES))
 @pytest.mark.parametrize("kind", mxfp4_kinds())
 @pytest.mark.parametrize("start", ["load", "dummy"])
 def test_refits_equal_vllms_first_load_in_the_same_kernel_tensors(
-    mxfp4_refit_patch: None, vllm_config: object, kind: str, start: str
+    mxfp4_refit_patch: None, vllm_config: object, kind: str, start: str, sizes: tuple[int, int]
 ) -> None:
-    model = started(kind, start, vllm_config)
+    model = started(kind, start, vllm_config, sizes)
     assert model.routed.quant_method.mxfp4_backend.name == "MARLIN"
     assert model.routed.w13_weight.dtype == torch.int32  # Marlin tiles, not the checkpoint's bytes
     before = identities(model)
-    checkpoints = [checkpoint(kind, seed=seed) for seed in (1, 2)]
+    checkpoints = [checkpoint(kind, seed, *sizes) for seed in (1, 2)]
     for step in range(4):
         weights = checkpoints[step % 2]
         if step % 2:
@@ -109,24 +127,25 @@ def _missing_scale(weights: dict[str, torch.Tensor]) -> str:
     return name
 
 
+@pytest.mark.parametrize("sizes", list(SIZES.values()), ids=list(SIZES))
 @pytest.mark.parametrize("kind", mxfp4_kinds())
 @pytest.mark.parametrize("spoil", [_wrong_shape, _wrong_dtype, _missing_scale],
                          ids=["wrong-shape", "wrong-dtype", "missing-scale"])
 @pytest.mark.parametrize("start", ["load", "dummy"])
 def test_a_bad_tensor_changes_nothing(
     mxfp4_refit_patch: None, vllm_config: object, kind: str, start: str,
-    spoil: Callable[[dict[str, torch.Tensor]], str],
+    spoil: Callable[[dict[str, torch.Tensor]], str], sizes: tuple[int, int],
 ) -> None:
-    model = started(kind, start, vllm_config)
+    model = started(kind, start, vllm_config, sizes)
     before = kernel_state(model)
-    bad = checkpoint(kind, seed=3)
+    bad = checkpoint(kind, 3, *sizes)
     spoil(bad)
     with pytest.raises(RefitError) as caught:
         refit_weights(model, items(bad))
     assert caught.value.parameter is not None
     assert_same_kernel_state(model, before)
     # and the next good refit still works
-    good = checkpoint(kind, seed=4)
+    good = checkpoint(kind, 4, *sizes)
     refit_weights(model, items(good))
     assert_same_as_first_load(model, good)
 
@@ -143,17 +162,88 @@ def test_without_the_patch_a_refit_refuses_the_mxfp4_layer_by_name_and_changes_n
     assert_same_kernel_state(model, before)
 
 
-def test_a_padded_layer_is_refused_by_name_before_any_write(mxfp4_refit_patch: None) -> None:
-    """Marlin rounds the hidden size up to 256: vLLM's loader fills a corner of the zeroed parameter, which a
-    refit does not reproduce, so the layer is not recorded and a refit refuses it."""
-    with torch.device("cpu"):
-        model = Mxfp4Moe("gpt_oss", hidden=320)
-    assert model.routed.quant_method.moe.hidden_dim == 512
-    model.load_weights(items(checkpoint("gpt_oss", seed=1, hidden=320)))
-    process_weights_after_loading(model)
+@pytest.mark.parametrize("sizes", list(GPT_OSS_SIZES.values()), ids=list(GPT_OSS_SIZES))
+@pytest.mark.parametrize("start", ["load", "dummy"])
+def test_a_layer_of_gpt_oss_sizes_refits_to_vllms_first_load(
+    mxfp4_refit_patch: None, vllm_config: object, start: str, sizes: tuple[int, int]
+) -> None:
+    """gpt-oss-20b/120b's own sizes, both padded on Marlin (hidden 2880 -> 3072, intermediate 2880 -> 2944):
+    the refit used to refuse such a layer by name; it now equals vLLM's first load, after a dummy start's
+    random padding too (the refit stages the zeros create_weights made)."""
+    model = started("gpt_oss", start, vllm_config, sizes)
+    moe = model.routed.quant_method.moe
+    assert (moe.hidden_dim_unpadded, moe.hidden_dim) == (GPT_OSS_HIDDEN, 3072)
+    assert (moe.intermediate_size_per_partition_unpadded, moe.intermediate_size_per_partition) == (2880, 2944)
+    before = identities(model)
+    weights = checkpoint("gpt_oss", 1, *sizes)
+    refit_weights(model, items(weights))
+    assert_same_as_first_load(model, weights)
+    assert identities(model) == before
+
+
+def test_a_padded_layer_demands_the_checkpoint_part_of_each_tensor(mxfp4_refit_patch: None) -> None:
+    """A padded parameter is demanded in its checkpoint shape: a tensor short of it is refused by name with
+    both shapes, and nothing changes."""
+    sizes = SIZES["gpt-oss-hidden-padded"]
+    model = first_load("gpt_oss", checkpoint("gpt_oss", 1, *sizes), "cpu", *sizes)
     before = kernel_state(model)
-    with pytest.raises(UnsupportedQuantizationError, match=r"padded sizes \(hidden size 320 -> 512\)") as caught:
-        refit_weights(model, items(checkpoint("gpt_oss", seed=2, hidden=320)))
+    bad = checkpoint("gpt_oss", 2, *sizes)
+    bad["experts.w2_bias"] = bad["experts.w2_bias"][:, :2048].contiguous()
+    with pytest.raises(RefitError, match=r"'w2_bias' \(\(4, 2880\) padded to \(4, 3072\) torch.bfloat16\) was not "
+                       r"loaded in full: 8192 of 11520 elements") as caught:
+        refit_weights(model, items(bad))
+    assert caught.value.parameter == "w2_bias"
+    assert_same_kernel_state(model, before)
+
+
+@pytest.mark.parametrize("tp_rank", [0, 3])
+@pytest.mark.parametrize("start", ["load", "dummy"])
+def test_a_gpt_oss_tp_rank_with_part_block_slices_refits_to_vllms_first_load(
+    mxfp4_refit_patch: None, vllm_config: object, start: str, tp_rank: int
+) -> None:
+    """gpt-oss at TP 4: 2880 / 4 = 720 rows a rank, padded to 768, but gpt-oss's loader slices in 32-wide blocks:
+    ranks 0-2 get 736 rows, rank 3 gets 672. The refit demands that slice and equals vLLM's first load of it
+    (the rank is set on vLLM's own MoE parallel config: one process cannot run four ranks); a slice of the
+    configured 720 rows is refused on rank 3, by name, changing nothing."""
+    tp, hidden, per_rank = (4, tp_rank), GPT_OSS_HIDDEN, GPT_OSS_INTERMEDIATE // 4
+    full = checkpoint("gpt_oss", 100, hidden, GPT_OSS_INTERMEDIATE)
+    if start == "dummy":
+        model = dummy_started(Mxfp4Moe("gpt_oss", hidden, per_rank, tp), vllm_config)
+    else:
+        model = first_load("gpt_oss", gpt_oss_rank_slice(full, *tp), "cpu", hidden, per_rank, tp)
+    moe = model.routed.quant_method.moe
+    assert (moe.intermediate_size_per_partition_unpadded, moe.intermediate_size_per_partition) == (720, 768)
+    before = identities(model)
+    weights = gpt_oss_rank_slice(checkpoint("gpt_oss", 1, hidden, GPT_OSS_INTERMEDIATE), *tp)
+    assert weights["experts.w2_weight"].shape[-1] * 2 == (736 if tp_rank < 3 else 672)
+    refit_weights(model, items(weights))
+    reference = first_load("gpt_oss", weights, "cpu", hidden, per_rank, tp)
+    assert differing(model, kernel_bytes(reference)) == []
+    assert identities(model) == before
+    if tp_rank == 3:
+        kept = kernel_state(model)
+        short = gpt_oss_rank_slice(checkpoint("gpt_oss", 2, hidden, GPT_OSS_INTERMEDIATE), *tp)
+        short["experts.w2_weight"] = short["experts.w2_weight"][..., : 640 // 2].contiguous()
+        with pytest.raises(RefitError, match=r"'w2_weight' \(\(4, 2880, 336\) padded to \(4, 3072, 384\)"):
+            refit_weights(model, items(short))
+        assert_same_kernel_state(model, kept)
+
+
+def test_a_layer_on_another_backend_is_refused_by_name_and_changes_nothing(
+    marlin: None, nvfp4_refit_patch: None
+) -> None:
+    """Backends other than MARLIN stay refused, naming the backend. No other MXFP4 backend builds on CPU (Triton
+    needs triton_kernels, EMULATION amd-quark), so a layer processed on Marlin is relabelled TRITON, as the
+    method reports a Triton layer (``mxfp4_backend``); unrecorded, as the patch leaves such a layer."""
+    from vllm.model_executor.layers.fused_moe.oracle.mxfp4 import Mxfp4MoeBackend
+
+    sizes = SIZES["gpt-oss-hidden-padded"]
+    model = first_load("gpt_oss", checkpoint("gpt_oss", 1, *sizes), "cpu", *sizes)
+    model.routed.quant_method.mxfp4_backend = Mxfp4MoeBackend.TRITON
+    before = kernel_state(model)
+    with pytest.raises(UnsupportedQuantizationError,
+                       match=r"GptOssMxfp4MoEMethod \(MXFP4 backend TRITON; a refit supports MARLIN\)") as caught:
+        refit_weights(model, items(checkpoint("gpt_oss", 2, *sizes)))
     assert "vllm.mxfp4_moe_refit" in caught.value.supported
     assert_same_kernel_state(model, before)
 

@@ -32,8 +32,10 @@ from patchkit.selfcheck import CheckContext, NeedsGPU, SelfCheckFailed, expect
 from ._tiny_moe import load_by_expert_mapping
 
 EXPERTS = 4
-#: Marlin tiles: hidden a multiple of 256, intermediate of 128 (else vLLM pads and the refit refuses)
+#: Marlin tiles: hidden a multiple of 256, intermediate of 128 (vLLM pads anything else up to these)
 HIDDEN, INTERMEDIATE = 256, 256
+#: gpt-oss-20b/120b's sizes: Marlin pads both (hidden 2880 -> 3072, intermediate 2880 -> 2944)
+GPT_OSS_HIDDEN, GPT_OSS_INTERMEDIATE = 2880, 2880
 MXFP4_BLOCK = 32
 KINDS = ("gpt_oss", "mxfp4")
 _numbers = itertools.count()  # vLLM registers MoE layers by prefix in the process-wide context
@@ -96,11 +98,15 @@ def _config(kind: str) -> Any:
 class Mxfp4Moe(torch.nn.Module):
     """One vLLM fused-MoE layer (``experts``) with an MXFP4 config; build inside :func:`marlin_backend`."""
 
-    def __init__(self, kind: str, hidden: int = HIDDEN, intermediate: int = INTERMEDIATE) -> None:
+    def __init__(self, kind: str, hidden: int = HIDDEN, intermediate: int = INTERMEDIATE,
+                 tp: tuple[int, int] | None = None) -> None:
+        """``intermediate`` is per rank; ``tp`` (size, rank) makes the layer one rank of that many (see
+        :func:`as_tp_rank`)."""
         from vllm.model_executor.layers import fused_moe
 
         super().__init__()
         self.kind = kind
+        self.hidden, self.intermediate = hidden, intermediate  # the checkpoint's sizes
         factory = getattr(fused_moe, "FusedMoEFactory", None) or fused_moe.FusedMoE  # 0.25+ / 0.24
         extra = {"has_bias": True, "activation": "swigluoai"} if kind == "gpt_oss" else {}
         self.experts = factory(
@@ -108,6 +114,8 @@ class Mxfp4Moe(torch.nn.Module):
             params_dtype=torch.bfloat16, quant_config=_config(kind),
             prefix=f"patchkit_mxfp4_moe{next(_numbers)}.experts", tp_size=1, dp_size=1, pcp_size=1, **extra,
         )
+        if tp is not None:
+            as_tp_rank(self.routed, *tp)
 
     @property
     def routed(self) -> torch.nn.Module:
@@ -125,6 +133,34 @@ class Mxfp4Moe(torch.nn.Module):
                 loaded.add(name)
             return loaded
         return load_by_expert_mapping(self, weights, EXPERTS)
+
+
+def as_tp_rank(routed: torch.nn.Module, tp_size: int, tp_rank: int) -> None:
+    """Make a layer built for one rank with the per-rank intermediate size look like rank ``tp_rank`` of
+    ``tp_size`` to its MXFP4 method: the ``tp_size``/``tp_rank`` of vLLM's own ``FusedMoEParallelConfig``
+    (one process cannot start several ranks). The padded sizes are those vLLM computes for that rank:
+    it pads the per-rank size, which is what the layer was built with."""
+    import dataclasses
+
+    moe = routed.quant_method.moe
+    moe.moe_parallel_config = dataclasses.replace(moe.moe_parallel_config, tp_size=tp_size, tp_rank=tp_rank)
+
+
+def gpt_oss_rank_slice(weights: dict[str, torch.Tensor], tp_size: int, tp_rank: int) -> dict[str, torch.Tensor]:
+    """What ``GptOssModel._load_weights_mxfp4`` (0.24-0.33, no expert parallelism) hands tensor-parallel rank
+    ``tp_rank`` of a gpt-oss checkpoint (:func:`checkpoint`): intermediate slices in whole 32-wide blocks,
+    the down-projection bias on rank 0 only (zeros elsewhere)."""
+    intermediate = weights["experts.w2_weight"].shape[-1] * 2
+    per_rank = -(-(intermediate // MXFP4_BLOCK) // tp_size) * MXFP4_BLOCK
+    start, end = tp_rank * per_rank, min((tp_rank + 1) * per_rank, intermediate)
+    return {
+        "experts.w13_weight": weights["experts.w13_weight"][:, 2 * start:2 * end, ...],
+        "experts.w13_weight_scale": weights["experts.w13_weight_scale"][:, 2 * start:2 * end, ...],
+        "experts.w13_bias": weights["experts.w13_bias"][:, 2 * start:2 * end],
+        "experts.w2_weight": weights["experts.w2_weight"][..., start // 2:end // 2],
+        "experts.w2_weight_scale": weights["experts.w2_weight_scale"][..., start // MXFP4_BLOCK:end // MXFP4_BLOCK],
+        "experts.w2_bias": weights["experts.w2_bias"] if tp_rank == 0 else torch.zeros_like(weights["experts.w2_bias"]),
+    }
 
 
 def _packed(generator: torch.Generator, *shape: int) -> torch.Tensor:
@@ -158,12 +194,13 @@ def checkpoint(kind: str, seed: int, hidden: int = HIDDEN, intermediate: int = I
     return tensors
 
 
-def first_load(kind: str, weights: dict[str, torch.Tensor], device: str = "cpu") -> Mxfp4Moe:
+def first_load(kind: str, weights: dict[str, torch.Tensor], device: str = "cpu",
+               hidden: int = HIDDEN, intermediate: int = INTERMEDIATE, tp: tuple[int, int] | None = None) -> Mxfp4Moe:
     """vLLM's own first load: a fresh model, its loaders, its processing (inside :func:`marlin_backend`)."""
     from .._nvfp4_checkpoint import process_weights_after_loading
 
     with torch.device(device):
-        model = Mxfp4Moe(kind)
+        model = Mxfp4Moe(kind, hidden, intermediate, tp)
     model.load_weights((name, tensor.to(device)) for name, tensor in weights.items())
     process_weights_after_loading(model)
     return model
@@ -187,17 +224,23 @@ def _identities(model: torch.nn.Module) -> dict[str, tuple[int, int]]:
     return {name: (id(p), p.data_ptr()) for name, p in model.named_parameters()}
 
 
+#: the self-check's layer: gpt-oss's hidden size and a small intermediate one, both padded on Marlin
+#: (2880 -> 3072, 192 -> 256), so the check runs the padded path gpt-oss-20b/120b take
+CHECK_SIZES = (GPT_OSS_HIDDEN, 192)
+
+
 def check_mxfp4_moe_refit(context: CheckContext) -> None:
     """Load one gpt-oss MXFP4 checkpoint, refit another, refit back: each time the layer's kernel tensors
-    equal vLLM's own first load of that checkpoint bit for bit, in the same tensor objects and storage."""
+    equal vLLM's own first load of that checkpoint bit for bit, in the same tensor objects and storage.
+    The layer has gpt-oss's hidden size (2880), which vLLM pads for Marlin."""
     from ..refit import refit
     from ._cpu_stand_in import vllm_context
 
     device = context.device
-    first, second = checkpoint("gpt_oss", seed=1), checkpoint("gpt_oss", seed=2)
+    first, second = checkpoint("gpt_oss", 1, *CHECK_SIZES), checkpoint("gpt_oss", 2, *CHECK_SIZES)
     with vllm_context(device), marlin_backend(device):
         try:
-            model = first_load("gpt_oss", first, device)
+            model = first_load("gpt_oss", first, device, *CHECK_SIZES)
         except NotImplementedError as exc:  # vLLM's MXFP4 oracle found no backend here
             raise NeedsGPU(f"vLLM selects no MXFP4 MoE backend here ({str(exc)[:160]})") from exc
         backend = str(getattr(model.routed.quant_method.mxfp4_backend, "name", "?"))
@@ -214,7 +257,7 @@ def check_mxfp4_moe_refit(context: CheckContext) -> None:
                                       f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
                                       ) from exc
             if name not in loaded:
-                loaded[name] = kernel_bytes(first_load("gpt_oss", weights, device))
+                loaded[name] = kernel_bytes(first_load("gpt_oss", weights, device, *CHECK_SIZES))
             wrong = differing(model, loaded[name])
             expect(not wrong, f"after the {step} the kernel tensors equal vLLM's own first load of {name}",
                    "all of them, bit for bit", wrong)
