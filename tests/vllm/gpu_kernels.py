@@ -330,7 +330,7 @@ def refits_under_a_captured_graph(
     assert not torch.equal(replay(graph, outputs)[0], forward(first_load(other))[0])
     before = replay(graph, outputs)
     broken = dict(states[0])
-    last = next(n for n in reversed(broken) if n.endswith((".weight", ".weight_packed")))
+    last = next(n for n in reversed(broken) if n.endswith(("weight", "weight_packed")))
     broken[last] = broken[last][:, : broken[last].shape[1] // 2].contiguous()
     with pytest.raises(RefitError):
         refit_weights(model, on_gpu(broken))
