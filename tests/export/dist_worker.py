@@ -89,3 +89,12 @@ def run(rank: int, world_size: int, port: int, out_dir: str, layout: dict, moe: 
             {"names": names, "differ": differ, "config": config["hf_quant_config"]["quantization"]}))
     finally:
         torch.distributed.destroy_process_group()
+
+
+def assert_every_rank_matches(out_dir: str, names: list[str], config: object, world_size: int = 2) -> None:
+    """Each rank's ``rank<r>.json``: the reference's names in its order, no tensor that differs, its quant config."""
+    for rank in range(world_size):
+        result = json.loads(Path(out_dir, f"rank{rank}.json").read_text())
+        assert result["names"] == names, (rank, set(result["names"]) ^ set(names))
+        assert result["differ"] == [], (rank, result["differ"])
+        assert result["config"] == config

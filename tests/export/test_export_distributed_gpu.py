@@ -12,8 +12,6 @@ Marked ``gpu``; skipped without two CUDA GPUs.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -49,8 +47,4 @@ def test_two_gpu_export_equals_one_gpu_export(megatron_gpu, tmp_path, layout, mo
     mp.start_processes(dist_worker.run, args=(2, free_port(), str(tmp_path), layout, moe, "bfloat16", "cuda"),
                        nprocs=2, join=True, start_method="spawn")
     names = [name for name, _ in exported]
-    for rank in range(2):
-        result = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        assert result["names"] == names, (rank, set(result["names"]) ^ set(names))
-        assert result["differ"] == [], (rank, result["differ"])
-        assert result["config"] == reference_config
+    dist_worker.assert_every_rank_matches(str(tmp_path), names, reference_config)

@@ -338,3 +338,41 @@ def refits_under_a_captured_graph(
     for got, want in zip(replay(graph, outputs), before, strict=True):
         assert torch.equal(got, want), "a failed refit changed what the graph serves"
     return model
+
+
+def linears_forward(up_features: int, down_features: int) -> Callable[[torch.nn.Module], Outputs]:
+    """A captured graph's forward of a model with ``gate_up`` and ``down`` linears: fixed bf16 activations
+    of ``up_features`` and ``down_features`` through each."""
+    x_up, x_down = activations(16, up_features, seed=4), activations(16, down_features, seed=5)
+
+    def forward(model: torch.nn.Module) -> Outputs:
+        return model.gate_up(x_up)[0], model.down(x_down)[0]
+
+    return forward
+
+
+def experts_forward(hidden: int, experts: int, vllm_config: object) -> Callable[[torch.nn.Module], Outputs]:
+    """A captured graph's forward of a model whose ``experts`` is a fused-MoE layer: fixed bf16 activations
+    and router logits."""
+    x, logits = activations(16, hidden, seed=6), activations(16, experts, seed=7)
+
+    def forward(model: torch.nn.Module) -> Outputs:
+        with forward_context(vllm_config):
+            return (model.experts(x, logits),)
+
+    return forward
+
+
+def quant_method_in_use(model: torch.nn.Module) -> str:
+    """The quantized method (and its scheme, kernel or backend) of ``model``'s ``gate_up`` or MoE layer, for
+    the log: what vLLM picked on this GPU."""
+    layer = model.gate_up if hasattr(model, "gate_up") else model.routed
+    method = layer.quant_method
+    owners = [method, getattr(layer, "scheme", None)]
+    parts = [type(owner).__name__ for owner in owners if owner is not None]
+    for owner in owners:
+        for attribute in ("fp8_linear", "kernel", "fp8_backend", "nvfp4_backend", "mxfp4_backend", "backend"):
+            value = getattr(owner, attribute, None)
+            if value is not None:
+                parts.append(f"{attribute}={value if isinstance(value, str) else type(value).__name__}")
+    return " ".join(parts)

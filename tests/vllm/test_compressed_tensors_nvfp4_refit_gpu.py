@@ -16,12 +16,20 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
-from ct_nvfp4_helpers import CtLinears, CtMoe, linear_checkpoint, moe_checkpoint
-from gpu_kernels import GPU, Outputs, activations, forward_context, installed, refits_under_a_captured_graph
+from ct_nvfp4_helpers import EXPERTS, CtLinears, CtMoe, linear_checkpoint, moe_checkpoint
+from gpu_kernels import (
+    GPU,
+    Outputs,
+    experts_forward,
+    installed,
+    linears_forward,
+    quant_method_in_use,
+    refits_under_a_captured_graph,
+)
 
 pytestmark = [
     *GPU,
@@ -45,36 +53,11 @@ def ct_nvfp4_refit_on_gpu() -> Iterator[None]:
         yield
 
 
-def forward_of(kind: str, vllm_config: object):
+def forward_of(kind: str, vllm_config: object) -> Callable[[torch.nn.Module], Outputs]:
     """The forward a captured graph runs: bf16 activations through every layer of the model."""
     if kind == "linear":
-        x_up, x_down = activations(16, HIDDEN, seed=4), activations(16, INTERMEDIATE, seed=5)
-
-        def linear_forward(model: torch.nn.Module) -> Outputs:
-            return model.gate_up(x_up)[0], model.down(x_down)[0]
-
-        return linear_forward
-    x, logits = activations(16, HIDDEN, seed=6), activations(16, 4, seed=7)
-
-    def moe_forward(model: torch.nn.Module) -> Outputs:
-        with forward_context(vllm_config):
-            return (model.experts(x, logits),)
-
-    return moe_forward
-
-
-def _method(model: torch.nn.Module) -> str:
-    layer = model.gate_up if hasattr(model, "gate_up") else model.routed
-    method = layer.quant_method
-    scheme = getattr(layer, "scheme", None)
-    parts = [type(method).__name__, type(scheme).__name__ if scheme is not None else ""]
-    for owner in (method, scheme):
-        for attribute in ("kernel", "backend", "nvfp4_backend", "fp4_backend"):
-            value = getattr(owner, attribute, None)
-            if value is not None:
-                parts.append(f"{attribute}={type(value).__name__ if not isinstance(value, (str, int)) else value}"
-                             f"{'' if isinstance(value, (str, int)) else ':' + str(value)}")
-    return " ".join(p for p in parts if p)
+        return linears_forward(HIDDEN, INTERMEDIATE)
+    return experts_forward(HIDDEN, EXPERTS, vllm_config)
 
 
 @pytest.mark.parametrize(("kind", "a16"), CASES)
@@ -86,4 +69,4 @@ def test_ct_nvfp4_refits_on_vllms_kernels_equal_its_first_load_under_a_captured_
     placeholders = frozenset({"w13_input_global_scale", "w2_input_global_scale"} if kind == "moe" and a16 else ())
     model = refits_under_a_captured_graph(lambda: build(a16, hidden=HIDDEN, intermediate=INTERMEDIATE), states,
                                           forward_of(kind, vllm_config), vllm_config, placeholders=placeholders)
-    logger.info("%s %s: %s", kind, "w4a16" if a16 else "w4a4", _method(model))
+    logger.info("%s %s: %s", kind, "w4a16" if a16 else "w4a4", quant_method_in_use(model))

@@ -16,17 +16,18 @@ old weights bit for bit.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
-from fp8_helpers import HIDDEN, Fp8Linears, Fp8Moe, linear_checkpoint, moe_checkpoint
+from fp8_helpers import EXPERTS, HIDDEN, Fp8Linears, Fp8Moe, linear_checkpoint, moe_checkpoint
 from gpu_kernels import (
     GPU,
     Outputs,
-    activations,
-    forward_context,
+    experts_forward,
     installed,
+    linears_forward,
+    quant_method_in_use,
     refits_under_a_captured_graph,
 )
 
@@ -44,30 +45,11 @@ def fp8_refit_on_gpu() -> Iterator[None]:
         yield
 
 
-def forward_of(kind: str, vllm_config: object):
+def forward_of(kind: str, vllm_config: object) -> Callable[[torch.nn.Module], Outputs]:
     """The forward a captured graph runs: bf16 activations through every layer of the model."""
     if kind == "linear":
-        x_up, x_down = activations(16, HIDDEN, seed=4), activations(16, HIDDEN, seed=5)
-
-        def linear_forward(model: torch.nn.Module) -> Outputs:
-            return model.gate_up(x_up)[0], model.down(x_down)[0]
-
-        return linear_forward
-    x, logits = activations(16, HIDDEN, seed=6), activations(16, 4, seed=7)
-
-    def moe_forward(model: torch.nn.Module) -> Outputs:
-        with forward_context(vllm_config):
-            return (model.experts(x, logits),)
-
-    return moe_forward
-
-
-def _method(model: torch.nn.Module) -> str:
-    layer = model.gate_up if hasattr(model, "gate_up") else model.routed
-    method = layer.quant_method
-    kernels = (getattr(method, a, None) for a in ("fp8_linear", "kernel", "fp8_backend"))
-    kernel = next((k for k in kernels if k is not None), None)
-    return f"{type(method).__name__} ({type(kernel).__name__ if kernel is not None else '-'}: {kernel})"
+        return linears_forward(HIDDEN, HIDDEN)
+    return experts_forward(HIDDEN, EXPERTS, vllm_config)
 
 
 @pytest.mark.parametrize(("kind", "block"), CASES)
@@ -76,4 +58,4 @@ def test_fp8_refits_on_vllms_kernels_equal_its_first_load_under_a_captured_graph
     states = [KINDS[kind][1](block, seed=seed) for seed in (1, 2)]
     model = refits_under_a_captured_graph(lambda: KINDS[kind][0](block), states, forward_of(kind, vllm_config),
                                           vllm_config)
-    logger.info("%s %s: %s", kind, "block" if block else "per-tensor", _method(model))
+    logger.info("%s %s: %s", kind, "block" if block else "per-tensor", quant_method_in_use(model))

@@ -18,8 +18,7 @@ import logging
 from collections.abc import Iterator
 
 import pytest
-import torch
-from gpu_kernels import GPU, Outputs, activations, forward_context, installed, refits_under_a_captured_graph
+from gpu_kernels import GPU, experts_forward, installed, quant_method_in_use, refits_under_a_captured_graph
 from patchkit.patches.vllm._checks._mxfp4_moe import (
     EXPERTS,
     GPT_OSS_HIDDEN,
@@ -49,15 +48,7 @@ def mxfp4_refit_on_marlin(vllm_config: object) -> Iterator[None]:
 def test_mxfp4_refits_on_marlin_equal_vllms_first_load_under_a_captured_graph(
         mxfp4_refit_on_marlin: None, vllm_config: object, kind: str, sizes: str) -> None:
     hidden, intermediate = SIZES[sizes]
-    x, logits = activations(16, hidden, seed=6), activations(16, EXPERTS, seed=7)
-
-    def forward(model: torch.nn.Module) -> Outputs:
-        with forward_context(vllm_config):
-            return (model.experts(x, logits),)
-
     states = [checkpoint(kind, seed, hidden, intermediate) for seed in (1, 2)]
-    model = refits_under_a_captured_graph(lambda: Mxfp4Moe(kind, hidden, intermediate), states, forward, vllm_config)
-    method = model.routed.quant_method
-    logger.info("%s %s: %s, backend %s, padded to %s", kind, sizes, type(method).__name__,
-                getattr(method, "mxfp4_backend", getattr(method, "backend", "?")),
-                tuple(model.routed.w13_weight.shape))
+    model = refits_under_a_captured_graph(lambda: Mxfp4Moe(kind, hidden, intermediate), states,
+                                          experts_forward(hidden, EXPERTS, vllm_config), vllm_config)
+    logger.info("%s %s: %s, w13 %s", kind, sizes, quant_method_in_use(model), tuple(model.routed.w13_weight.shape))
