@@ -167,7 +167,8 @@ def test_a_layer_processed_before_the_patch_is_refused_by_name(emulation: None, 
     model = first_load(kind, checkpoint(kind, seed=1))
     before = kernel_state(model)
     recorder = PATCH if kind == "moe" or has_linear_method() else "vllm.nvfp4_refit"
-    with patchkit.applied(PATCH), pytest.raises(RefitError, match=rf"processed before patchkit recorded it.*{recorder}"):
+    refused = rf"processed before patchkit recorded it.*{recorder}"
+    with patchkit.applied(PATCH), pytest.raises(RefitError, match=refused):
         refit_weights(model, items(checkpoint(kind, seed=2)))
     assert_same_kernel_state(model, before)
 

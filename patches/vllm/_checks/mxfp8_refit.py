@@ -11,8 +11,8 @@ def check_mxfp8_refit(context: CheckContext) -> None:
     bit, in the same tensor objects and storage."""
     from ..refit import refit
     from ._cpu_stand_in import vllm_context
-    from ._mxfp8 import differing, emulation_backends, first_load, has_linear_method, identities, items, kernel_bytes
     from ._mxfp8 import checkpoint as make_checkpoint
+    from ._mxfp8 import differing, emulation_backends, first_load, has_linear_method, identities, items, kernel_bytes
 
     device = context.device
     with vllm_context(device), emulation_backends(device):
