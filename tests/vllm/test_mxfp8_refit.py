@@ -150,11 +150,13 @@ def test_a_bad_tensor_raises_a_refit_error_naming_it_and_changes_nothing(
     spoiled = spoil(bad)
     with pytest.raises(RefitError) as caught:
         refit_weights(model, items(bad))
-    assert caught.value.parameter is not None, caught.value
-    # the parameter it names: the fused parameter the spoiled tensor goes to (or, for a name the
-    # loader rejects, the tensor's own last component)
-    assert caught.value.parameter.split(".")[-1] in spoiled or caught.value.parameter.endswith(
-        spoiled.rsplit(".", 1)[-1]), (caught.value.parameter, spoiled)
+    # it names the parameter the spoiled tensor goes to (MoE: the fused w2_*/w13_* one), and its layer
+    suffix = spoiled.rsplit(".", 1)[-1]
+    fused = ("w2_" if "down_proj" in spoiled else "w13_") + suffix
+    assert caught.value.parameter == (fused if kind == "moe" else suffix), (caught.value.parameter, spoiled)
+    assert caught.value.layer is not None and caught.value.layer.split(".")[-1] in (
+        "routed_experts", "experts", "down", "gate_up"), caught.value.layer
+    assert caught.value.parameter in str(caught.value)
     assert_same_kernel_state(model, before)
     good = checkpoint(kind, seed=4)  # and the next good refit still works
     refit_weights(model, items(good))
