@@ -293,6 +293,14 @@ def _process(layer_name: str, layer: torch.nn.Module, state: LayerRefitState) ->
     method = layer.quant_method
     try:
         method.process_weights_after_loading(layer)
+    except RefitError as exc:  # a recording wrap refused a staged tensor (``_mxfp8_refit_record``)
+        raise RefitError(
+            f"refit of layer {layer_name!r}: {exc}",
+            layer=layer_name,
+            parameter=exc.parameter,
+            expected=exc.expected,
+            got=exc.got,
+        ) from exc
     except Exception as exc:
         raise RefitError(
             f"refit of layer {layer_name!r}: upstream process_weights_after_loading failed: {exc}",

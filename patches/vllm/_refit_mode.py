@@ -7,9 +7,10 @@ import patchkit
 from ._constants import REFIT_PATCH_ID as PATCH_ID
 from ._errors import RefitError
 
-#: the patches that record layers for ``refit``: NVFP4 (the backend's own id), FP8, compressed-tensors NVFP4
-#: and MXFP4 MoE
-RECORDING_PATCHES = (PATCH_ID, "vllm.fp8_refit", "vllm.compressed_tensors_nvfp4_refit", "vllm.mxfp4_moe_refit")
+#: the patches that record layers for ``refit``: NVFP4 (the backend's own id), FP8, compressed-tensors NVFP4,
+#: MXFP4 MoE and ModelOpt MXFP8
+RECORDING_PATCHES = (PATCH_ID, "vllm.fp8_refit", "vllm.compressed_tensors_nvfp4_refit", "vllm.mxfp4_moe_refit",
+                     "vllm.mxfp8_refit")
 
 
 def current_mode() -> str:

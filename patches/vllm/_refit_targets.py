@@ -10,6 +10,9 @@
 - compressed-tensors NVFP4 (``vllm.compressed_tensors_nvfp4_refit``): a ``CompressedTensorsLinearMethod``
   layer whose ``layer.scheme`` is ``CompressedTensorsW4A4Fp4``, and ``CompressedTensorsW4A4Nvfp4MoEMethod``;
   the same rule (recorded, else refused naming the patch).
+- ModelOpt MXFP8 (``vllm.mxfp8_refit``, ``ModelOptMxFp8LinearMethod``/``ModelOptMxFp8FusedMoE`` exactly):
+  the same rule. From vLLM 0.30 an MXFP8 linear layer uses the generic ``ModelOptLinearMethod``
+  (``vllm.nvfp4_refit``).
 - MXFP4 fused-MoE (``vllm.mxfp4_moe_refit``, ``GptOssMxfp4MoEMethod``/``Mxfp4MoEMethod`` exactly): the
   same, for a layer on a backend the refit is proven on (``_mxfp4_targets``); any other MXFP4 layer is
   refused, its backend named.
@@ -33,12 +36,14 @@ from . import _mxfp4_targets
 from ._nvfp4_targets import nvfp4_method_classes
 
 _FP8_NAMES = ("Fp8LinearMethod", "Fp8MoEMethod")
+#: ``ModelOptMxFp8LinearMethod`` exists in vLLM 0.16-0.29, ``ModelOptMxFp8FusedMoE`` in 0.18-0.33
+_MXFP8_NAMES = ("ModelOptMxFp8LinearMethod", "ModelOptMxFp8FusedMoE")
 
 #: What a refit takes, for error messages.
 SUPPORTED = (
     "unquantized layers, KV-cache scales, ModelOpt NVFP4 layers (vllm.nvfp4_refit) and FP8-serialised"
     " Fp8LinearMethod/Fp8MoEMethod layers (vllm.fp8_refit), compressed-tensors NVFP4 layers"
-    " (vllm.compressed_tensors_nvfp4_refit), " + _mxfp4_targets.SUPPORTED
+    " (vllm.compressed_tensors_nvfp4_refit), ModelOpt MXFP8 layers (vllm.mxfp8_refit), " + _mxfp4_targets.SUPPORTED
 )
 
 
@@ -47,12 +52,21 @@ def fp8_method_classes() -> tuple[type, ...]:
     return tuple(cls for name in _FP8_NAMES if (cls := getattr(fp8, name, None)) is not None)
 
 
+@functools.cache
+def mxfp8_method_classes() -> tuple[type, ...]:
+    from vllm.model_executor.layers.quantization import modelopt
+
+    return tuple(cls for name in _MXFP8_NAMES if (cls := getattr(modelopt, name, None)) is not None)
+
+
 def recording_patch(method: Any, layer: Any = None) -> str | None:
     """The patch that must record ``layer`` (quant method ``method``) before it can be refitted
     (``None``: a layer the refit loads in place, or does not cover)."""
     method = wrapped_method(method)
     if type(method) in fp8_method_classes():
         return "vllm.fp8_refit"
+    if type(method) in mxfp8_method_classes():
+        return "vllm.mxfp8_refit"
     if isinstance(method, _nvfp4_classes()):
         return "vllm.nvfp4_refit"
     if _is_compressed_tensors_nvfp4(method, layer):

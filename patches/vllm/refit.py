@@ -10,15 +10,17 @@ One call sequence works on every vLLM version patchkit supports::
     refit.refit_weights(model, weights)      # the same in one call; loader errors become RefitError
 
 ``weights`` are in the format of the checkpoint the model was started from: ModelOpt NVFP4 (packed
-``weight``, ``weight_scale``, ``weight_scale_2``, ``input_scale``) or FP8-serialised (E4M3
-``weight`` with ``weight_scale``/``input_scale``, or ``weight_scale_inv`` per block), plus whatever
+``weight``, ``weight_scale``, ``weight_scale_2``, ``input_scale``), FP8-serialised (E4M3
+``weight`` with ``weight_scale``/``input_scale``, or ``weight_scale_inv`` per block) or ModelOpt MXFP8
+(E4M3 ``weight``, E8M0 ``weight_scale`` per 32 inputs), plus whatever
 unquantized tensors the model has. The model may have been started with ``load_format="dummy"`` (as
 verl and NeMo-RL do): what a refit must supply is read from the parameters each layer's
 ``create_weights`` registered, not from what a first load wrote.
 
 Layers are recorded at their first ``process_weights_after_loading`` by the patch of their format:
 ``vllm.nvfp4_refit`` (ModelOpt NVFP4 linear and fused-MoE layers, vLLM 0.12-0.33) and
-``vllm.fp8_refit`` (``Fp8LinearMethod``/``Fp8MoEMethod``, per-tensor and block-wise, vLLM 0.24-0.33).
+``vllm.fp8_refit`` (``Fp8LinearMethod``/``Fp8MoEMethod``, per-tensor and block-wise, vLLM 0.24-0.33),
+``vllm.mxfp8_refit`` (``ModelOptMxFp8LinearMethod`` 0.24-0.29, ``ModelOptMxFp8FusedMoE`` 0.24-0.33).
 For every recorded layer patchkit stages fresh checkpoint-format parameters (same vLLM class, same
 weight loaders), re-runs upstream's ``process_weights_after_loading`` on them and copies the result
 into the kernel tensors captured at first load, so CUDA graphs keep valid addresses. Unquantized
@@ -30,7 +32,8 @@ docs/vllm-refit.md tells the whole story.
 
 Errors are :class:`RefitError` and leave every layer serving the weights it served before. A model
 with a layer of a quantization method patchkit cannot refit (anything but unquantized layers, KV-cache
-scales and the recorded ModelOpt NVFP4, FP8, compressed-tensors NVFP4 and MXFP4-on-Marlin MoE methods)
+scales and the recorded ModelOpt NVFP4, FP8, compressed-tensors NVFP4, ModelOpt MXFP8 and MXFP4-on-Marlin
+MoE methods)
 is refused whole, before any write, with :class:`UnsupportedQuantizationError` naming the layer and its
 method. Refit tensors go to vLLM's loaders on whatever device they are (their ``copy_`` moves them onto
 the parameter's); one on the ``meta`` device holds no data and is refused with :class:`RefitDeviceError`

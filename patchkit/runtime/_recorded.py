@@ -596,6 +596,64 @@ RECORDS = {
             )),
         ),
     },
+    'vllm.mxfp8_refit': {
+        'modelopt-mxfp8-linear-moe': (
+            ((('vllm', '0.24.0'),), 'verified', (
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptMxFp8FusedMoE.create_weights', '87090f691b0f1212'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptMxFp8FusedMoE.process_weights_after_loading', '240c5735580cfaf8'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptMxFp8LinearMethod.create_weights', 'd3fff99acfec6840'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptMxFp8LinearMethod.process_weights_after_loading', 'f1e1e87300a1bc2e'),
+            )),
+            ((('vllm', '0.25.1'),), 'verified', (
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptMxFp8FusedMoE.create_weights', '87090f691b0f1212'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptMxFp8FusedMoE.process_weights_after_loading', 'ea2ca6fcc54a4ad3'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptMxFp8LinearMethod.create_weights', 'd3fff99acfec6840'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptMxFp8LinearMethod.process_weights_after_loading', 'f1e1e87300a1bc2e'),
+            )),
+            ((('vllm', '0.26.0'),), 'verified', (
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptMxFp8FusedMoE.create_weights', '87090f691b0f1212'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptMxFp8FusedMoE.process_weights_after_loading', 'ea2ca6fcc54a4ad3'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptMxFp8LinearMethod.create_weights', 'd3fff99acfec6840'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptMxFp8LinearMethod.process_weights_after_loading', 'f1e1e87300a1bc2e'),
+            )),
+            ((('vllm', '0.27.1'),), 'verified', (
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptMxFp8FusedMoE.create_weights', '87090f691b0f1212'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptMxFp8FusedMoE.process_weights_after_loading', 'ea2ca6fcc54a4ad3'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptMxFp8LinearMethod.create_weights', 'd3fff99acfec6840'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptMxFp8LinearMethod.process_weights_after_loading', 'f1e1e87300a1bc2e'),
+            )),
+            ((('vllm', '0.28.0'),), 'verified', (
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptMxFp8FusedMoE.create_weights', '87090f691b0f1212'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptMxFp8FusedMoE.process_weights_after_loading', '240c5735580cfaf8'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptMxFp8LinearMethod.create_weights', 'd3fff99acfec6840'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptMxFp8LinearMethod.process_weights_after_loading', 'f1e1e87300a1bc2e'),
+            )),
+            ((('vllm', '0.29.0'),), 'verified', (
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptMxFp8FusedMoE.create_weights', '87090f691b0f1212'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptMxFp8FusedMoE.process_weights_after_loading', '240c5735580cfaf8'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptMxFp8LinearMethod.create_weights', 'd3fff99acfec6840'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptMxFp8LinearMethod.process_weights_after_loading', 'f1e1e87300a1bc2e'),
+            )),
+        ),
+        'modelopt-mxfp8-moe': (
+            ((('vllm', '0.30.0'),), 'verified', (
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptMxFp8FusedMoE.create_weights', '87090f691b0f1212'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptMxFp8FusedMoE.process_weights_after_loading', '240c5735580cfaf8'),
+            )),
+            ((('vllm', '0.31.0'),), 'verified', (
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptMxFp8FusedMoE.create_weights', '87090f691b0f1212'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptMxFp8FusedMoE.process_weights_after_loading', '240c5735580cfaf8'),
+            )),
+            ((('vllm', '0.32.0'),), 'verified', (
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptMxFp8FusedMoE.create_weights', '87090f691b0f1212'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptMxFp8FusedMoE.process_weights_after_loading', '240c5735580cfaf8'),
+            )),
+            ((('vllm', '0.33.0'),), 'verified', (
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptMxFp8FusedMoE.create_weights', '87090f691b0f1212'),
+                ('vllm.model_executor.layers.quantization.modelopt:ModelOptMxFp8FusedMoE.process_weights_after_loading', '240c5735580cfaf8'),
+            )),
+        ),
+    },
     'vllm.nvfp4_marlin_w4a16': {
         'quant-method-w4a16': (
             ((('vllm', '0.24.0'),), 'verified', (

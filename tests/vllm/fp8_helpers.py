@@ -6,7 +6,8 @@ one weight scale per shard, which processing requantises to their largest) or bl
 ``weight_scale_inv``, dynamic activations). ``Fp8Moe`` is one fused-MoE layer of 4 experts built by
 vLLM's factory with the same config. Checkpoint names are a model's (``gate.weight``,
 ``experts.<e>.gate_proj.weight``...), mapped onto the fused parameters and written by each parameter's
-``weight_loader`` with its shard id, as vLLM models' ``load_weights`` do. Processing needs the
+``weight_loader`` with its shard id, as vLLM models' ``load_weights`` do (the MoE mapping is
+``_checks._tiny_moe.load_by_expert_mapping``, shared with the MoE self-checks). Processing needs the
 harness's ``cpu_fp8_ops`` on CPU.
 """
 
@@ -101,21 +102,10 @@ class Fp8Moe(torch.nn.Module):
         return getattr(self.experts, "routed_experts", self.experts)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        from vllm.model_executor.layers.fused_moe.layer import fused_moe_make_expert_params_mapping
+        """vLLM's expert mapping, as a MoE model's ``load_weights`` (``_tiny_moe.load_by_expert_mapping``)."""
+        from patchkit.patches.vllm._checks._tiny_moe import load_by_expert_mapping
 
-        mapping = fused_moe_make_expert_params_mapping(self, "gate_proj", "down_proj", "up_proj", EXPERTS)
-        loaded = set()
-        for name, tensor in weights:
-            for param_name, weight_name, expert_id, shard_id in mapping:
-                if weight_name in name:
-                    mapped = name.replace(weight_name, param_name)
-                    param = self.get_parameter(mapped)
-                    param.weight_loader(param, tensor, mapped, shard_id=shard_id, expert_id=expert_id)
-                    loaded.add(mapped)
-                    break
-            else:
-                raise ValueError(f"no fused-MoE parameter for {name!r}")
-        return loaded
+        return load_by_expert_mapping(self, weights, EXPERTS)
 
 
 def moe_checkpoint(block: bool, seed: int) -> dict[str, torch.Tensor]:

@@ -94,9 +94,10 @@ def test_the_command_verifies_every_vllm_patch_in_a_fresh_process_without_the_te
                           env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"}, cwd=os.path.dirname(__file__))
     verdicts = {p["id"]: (p["verdict"], p["message"]) for p in json.loads(done.stdout)["patches"]}
     # The MXFP4 MoE check selects vLLM's CPU platform itself and stands Marlin in; the LoRA check builds
-    # vLLM's worker LoRA manager on the CPU platform: both verified on 0.24, 0.29, 0.33.
+    # vLLM's worker LoRA manager on the CPU platform; the MXFP8 check selects vLLM's emulation kernels for
+    # both platforms 0.24's kernel table may key on: all verified on 0.24, 0.29, 0.33.
     expected = dict.fromkeys((MARLIN, PATCH, CT_NVFP4, "vllm.serve_signals_main_thread", "vllm.mxfp4_moe_refit",
-                              "vllm.lora_from_tensors"), VERIFIED)
+                              "vllm.lora_from_tensors", "vllm.mxfp8_refit"), VERIFIED)
     # vLLM 0.24's PyPI wheel without CUDA resolves no platform at import; its NVFP4 MoE oracle then
     # finds no backend and the MoE check says it cannot run here (in-process, with the harness, it runs).
     moe = verdicts.pop("vllm.moe_expert_weight_loaders")[0]

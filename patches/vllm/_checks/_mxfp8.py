@@ -1,0 +1,207 @@
+"""ModelOpt MXFP8 models of vLLM's own layers and their checkpoints, for the ``vllm.mxfp8_refit`` self-check
+and tests/vllm/test_mxfp8_refit.py.
+
+``Mxfp8Linears``: a fused ``gate_up`` (``MergedColumnParallelLinear``, two shards of 64 x 128) and a
+``down`` (``RowParallelLinear``, 64 -> 128) with ``ModelOptMxFp8Config``; ``Mxfp8Moe``: one fused-MoE
+layer of 4 experts built by vLLM's factory with the same config. A checkpoint is what ModelOpt writes
+for MXFP8: per layer an E4M3 ``weight`` and a uint8 E8M0 ``weight_scale`` (one per 32 inputs), under a
+model's names (``gate.weight``, ``experts.<e>.gate_proj.weight``...), written by each parameter's
+``weight_loader`` with its shard id, as vLLM models' ``load_weights`` do.
+
+:func:`emulation_backends` stands in, on CPU only, for what selects a backend, nothing else:
+
+- ``vllm.model_executor.kernels.linear._POSSIBLE_MXFP8_KERNELS[<CPU platform>]`` is set to
+  ``[EmulationMxfp8LinearKernel]``. Upstream lists its emulation kernel (a dequantise-to-bf16 in
+  torch) for CUDA and ROCm only, so on CPU ``init_mxfp8_linear_kernel`` finds no kernel. The kernel is
+  vLLM's, unchanged; so is what it does to the layer.
+- vLLM 0.24's MXFP8 MoE oracle offers its EMULATION backend on ROCm only (0.29+ list it for every
+  device and select it on CPU themselves): ``modelopt.select_mxfp8_moe_backend`` answers EMULATION with
+  vLLM's ``Mxfp8EmulationTritonExperts`` where upstream's finds no backend. The conversion
+  (``convert_to_fp8_moe_kernel_format``) and the load-time dequantisation to bf16 are upstream's.
+
+No forward runs (the emulation MoE forward needs Triton): what a layer serves is read from its kernel
+tensors, compared bit for bit with vLLM's own first load of the same checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+
+from ._tiny_moe import load_by_expert_mapping
+
+BLOCK = 32
+HIDDEN, INTERMEDIATE = 128, 64
+EXPERTS = 4
+_numbers = itertools.count()  # vLLM registers MoE layers by prefix in the process-wide context
+
+
+def has_linear_method() -> bool:
+    """Whether this vLLM has ``ModelOptMxFp8LinearMethod`` (0.16-0.29)."""
+    from vllm.model_executor.layers.quantization import modelopt
+
+    return hasattr(modelopt, "ModelOptMxFp8LinearMethod")
+
+
+def mxfp8_config() -> Any:
+    from vllm.model_executor.layers.quantization.modelopt import ModelOptMxFp8Config
+
+    return ModelOptMxFp8Config(is_checkpoint_mxfp8_serialized=True, kv_cache_quant_algo=None, exclude_modules=[])
+
+
+@contextlib.contextmanager
+def emulation_backends(device: str) -> Iterator[None]:
+    """vLLM's MXFP8 emulation kernels selected on CPU (module docstring); on another device, nothing."""
+    if device != "cpu":
+        yield
+        return
+    from vllm.model_executor.kernels import linear as linear_kernels
+    from vllm.model_executor.kernels.linear.mxfp8.emulation import EmulationMxfp8LinearKernel
+    from vllm.model_executor.layers.quantization import modelopt
+    from vllm.platforms import current_platform
+
+    table = linear_kernels._POSSIBLE_MXFP8_KERNELS
+    # 0.24's kernel module keeps the platform resolved at its import: register for that one too.
+    enums = {current_platform._enum, getattr(linear_kernels, "current_platform", current_platform)._enum}
+    saved_table = {platform: table.get(platform) for platform in enums}
+    saved_select = modelopt.select_mxfp8_moe_backend
+    for platform in enums:
+        table[platform] = [EmulationMxfp8LinearKernel]
+    modelopt.select_mxfp8_moe_backend = _with_emulation_fallback(saved_select)
+    try:
+        yield
+    finally:
+        modelopt.select_mxfp8_moe_backend = saved_select
+        for platform, saved in saved_table.items():
+            if saved is None:
+                table.pop(platform, None)
+            else:
+                table[platform] = saved
+
+
+def _with_emulation_fallback(select: Any) -> Any:
+    def select_mxfp8_moe_backend(config: Any) -> Any:
+        try:
+            return select(config=config)
+        except ValueError:  # "No MXFP8 MoE backends available." (0.24 on CPU)
+            from vllm.model_executor.layers.fused_moe.experts.mxfp8_emulation_moe import (
+                Mxfp8EmulationTritonExperts,
+            )
+            from vllm.model_executor.layers.fused_moe.oracle.fp8 import Fp8MoeBackend
+
+            return Fp8MoeBackend.EMULATION, Mxfp8EmulationTritonExperts
+
+    return select_mxfp8_moe_backend
+
+
+class Mxfp8Linears(torch.nn.Module):
+    def __init__(self) -> None:
+        from vllm.model_executor.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+
+        super().__init__()
+        config = mxfp8_config()
+        self.gate_up = MergedColumnParallelLinear(HIDDEN, [INTERMEDIATE] * 2, bias=False, quant_config=config,
+                                                  prefix="gate_up", params_dtype=torch.bfloat16)
+        self.down = RowParallelLinear(INTERMEDIATE, HIDDEN, bias=False, quant_config=config, prefix="down",
+                                      params_dtype=torch.bfloat16)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """``gate.*``/``up.*`` into the fused ``gate_up`` shards 0/1, ``down.*`` as is (vLLM's stacking)."""
+        loaded = set()
+        for name, tensor in weights:
+            prefix, _, suffix = name.partition(".")
+            if prefix in ("gate", "up"):
+                param = self.get_parameter(f"gate_up.{suffix}")
+                param.weight_loader(param, tensor, ("gate", "up").index(prefix))
+            else:
+                param = self.get_parameter(name)
+                param.weight_loader(param, tensor)
+            loaded.add(name)
+        return loaded
+
+
+class Mxfp8Moe(torch.nn.Module):
+    def __init__(self) -> None:
+        from vllm.model_executor.layers import fused_moe
+
+        super().__init__()
+        factory = getattr(fused_moe, "FusedMoEFactory", None) or fused_moe.FusedMoE  # 0.25+ / 0.24
+        self.experts = factory(
+            num_experts=EXPERTS, top_k=2, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE,
+            params_dtype=torch.bfloat16, quant_config=mxfp8_config(),
+            prefix=f"patchkit_mxfp8_moe{next(_numbers)}.experts", tp_size=1, dp_size=1, pcp_size=1,
+        )
+
+    @property
+    def routed(self) -> torch.nn.Module:
+        return getattr(self.experts, "routed_experts", self.experts)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        return load_by_expert_mapping(self, weights, EXPERTS)
+
+
+MODELS: dict[str, type[torch.nn.Module]] = {"linear": Mxfp8Linears, "moe": Mxfp8Moe}
+
+
+def _layer(generator: torch.Generator, prefix: str, out: int, inp: int) -> dict[str, torch.Tensor]:
+    """Finite E4M3 values (|x| <= 448) and E8M0 exponents around 2^0 (255 would be NaN)."""
+    weight = (torch.randn(out, inp, generator=generator) * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
+    scale = torch.randint(117, 137, (out, inp // BLOCK), generator=generator, dtype=torch.uint8)
+    return {f"{prefix}.weight": weight, f"{prefix}.weight_scale": scale}
+
+
+def checkpoint(kind: str, seed: int) -> dict[str, torch.Tensor]:
+    """A random ModelOpt MXFP8 checkpoint for :data:`MODELS` ``[kind]``."""
+    generator = torch.Generator().manual_seed(seed)
+    if kind == "linear":
+        return {
+            **_layer(generator, "gate", INTERMEDIATE, HIDDEN),
+            **_layer(generator, "up", INTERMEDIATE, HIDDEN),
+            **_layer(generator, "down", HIDDEN, INTERMEDIATE),
+        }
+    tensors: dict[str, torch.Tensor] = {}
+    for expert in range(EXPERTS):
+        for proj, (out, inp) in (("gate_proj", (INTERMEDIATE, HIDDEN)), ("up_proj", (INTERMEDIATE, HIDDEN)),
+                                 ("down_proj", (HIDDEN, INTERMEDIATE))):
+            tensors.update(_layer(generator, f"experts.{expert}.{proj}", out, inp))
+    return tensors
+
+
+def items(weights: dict[str, torch.Tensor], device: str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
+    return iter([(name, tensor.to(device)) for name, tensor in weights.items()])
+
+
+def first_load(kind: str, weights: dict[str, torch.Tensor], device: str = "cpu") -> torch.nn.Module:
+    """vLLM's own first load: a fresh model, its loaders, its processing (inside :func:`emulation_backends`)."""
+    from .._nvfp4_checkpoint import process_weights_after_loading
+
+    with torch.device(device):
+        model = MODELS[kind]()
+    model.load_weights(items(weights, device))
+    process_weights_after_loading(model)
+    return model
+
+
+def kernel_bytes(model: torch.nn.Module) -> dict[str, tuple[torch.Size, torch.dtype, torch.Tensor]]:
+    """Every parameter and buffer: shape, dtype and bytes (bit-exact comparison, NaN included)."""
+    tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    return {name: (t.shape, t.dtype, t.detach().reshape(-1).view(torch.uint8).cpu().clone())
+            for name, t in tensors.items()}
+
+
+def differing(model: torch.nn.Module, reference: dict[str, tuple[torch.Size, torch.dtype, torch.Tensor]]) -> list[str]:
+    """The tensors of ``model`` that differ from ``reference`` (:func:`kernel_bytes`) in shape, dtype or a bit."""
+    ours = kernel_bytes(model)
+    names = sorted(ours.keys() | reference.keys())
+    return [n for n in names if n not in ours or n not in reference or ours[n][:2] != reference[n][:2]
+            or not torch.equal(ours[n][2], reference[n][2])]
+
+
+def identities(model: torch.nn.Module) -> dict[str, tuple[int, int]]:
+    """Every parameter and buffer: object id and data pointer."""
+    tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    return {name: (id(t), t.data_ptr()) for name, t in tensors.items()}
