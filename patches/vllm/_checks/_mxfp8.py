@@ -99,14 +99,14 @@ def _with_emulation_fallback(select: Any) -> Any:
 
 
 class Mxfp8Linears(torch.nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, hidden: int = HIDDEN, intermediate: int = INTERMEDIATE) -> None:
         from vllm.model_executor.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 
         super().__init__()
         config = mxfp8_config()
-        self.gate_up = MergedColumnParallelLinear(HIDDEN, [INTERMEDIATE] * 2, bias=False, quant_config=config,
+        self.gate_up = MergedColumnParallelLinear(hidden, [intermediate] * 2, bias=False, quant_config=config,
                                                   prefix="gate_up", params_dtype=torch.bfloat16)
-        self.down = RowParallelLinear(INTERMEDIATE, HIDDEN, bias=False, quant_config=config, prefix="down",
+        self.down = RowParallelLinear(intermediate, hidden, bias=False, quant_config=config, prefix="down",
                                       params_dtype=torch.bfloat16)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
@@ -125,13 +125,13 @@ class Mxfp8Linears(torch.nn.Module):
 
 
 class Mxfp8Moe(torch.nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, hidden: int = HIDDEN, intermediate: int = INTERMEDIATE) -> None:
         from vllm.model_executor.layers import fused_moe
 
         super().__init__()
         factory = getattr(fused_moe, "FusedMoEFactory", None) or fused_moe.FusedMoE  # 0.25+ / 0.24
         self.experts = factory(
-            num_experts=EXPERTS, top_k=2, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE,
+            num_experts=EXPERTS, top_k=2, hidden_size=hidden, intermediate_size=intermediate,
             params_dtype=torch.bfloat16, quant_config=mxfp8_config(),
             prefix=f"patchkit_mxfp8_moe{next(_numbers)}.experts", tp_size=1, dp_size=1, pcp_size=1,
         )
@@ -154,19 +154,19 @@ def _layer(generator: torch.Generator, prefix: str, out: int, inp: int) -> dict[
     return {f"{prefix}.weight": weight, f"{prefix}.weight_scale": scale}
 
 
-def checkpoint(kind: str, seed: int) -> dict[str, torch.Tensor]:
-    """A random ModelOpt MXFP8 checkpoint for :data:`MODELS` ``[kind]``."""
+def checkpoint(kind: str, seed: int, hidden: int = HIDDEN, intermediate: int = INTERMEDIATE) -> dict[str, torch.Tensor]:
+    """A random ModelOpt MXFP8 checkpoint for :data:`MODELS` ``[kind]`` (built with the same sizes)."""
     generator = torch.Generator().manual_seed(seed)
     if kind == "linear":
         return {
-            **_layer(generator, "gate", INTERMEDIATE, HIDDEN),
-            **_layer(generator, "up", INTERMEDIATE, HIDDEN),
-            **_layer(generator, "down", HIDDEN, INTERMEDIATE),
+            **_layer(generator, "gate", intermediate, hidden),
+            **_layer(generator, "up", intermediate, hidden),
+            **_layer(generator, "down", hidden, intermediate),
         }
     tensors: dict[str, torch.Tensor] = {}
     for expert in range(EXPERTS):
-        for proj, (out, inp) in (("gate_proj", (INTERMEDIATE, HIDDEN)), ("up_proj", (INTERMEDIATE, HIDDEN)),
-                                 ("down_proj", (HIDDEN, INTERMEDIATE))):
+        for proj, (out, inp) in (("gate_proj", (intermediate, hidden)), ("up_proj", (intermediate, hidden)),
+                                 ("down_proj", (hidden, intermediate))):
             tensors.update(_layer(generator, f"experts.{expert}.{proj}", out, inp))
     return tensors
 
