@@ -363,6 +363,15 @@ def experts_forward(hidden: int, experts: int, vllm_config: object) -> Callable[
     return forward
 
 
+def forward_of(kind: str, vllm_config: object, *, hidden: int, down_features: int, experts: int
+               ) -> Callable[[torch.nn.Module], Outputs]:
+    """The forward a refit test's graph captures: :func:`linears_forward` for ``kind == "linear"`` (``gate_up``
+    takes ``hidden`` features, ``down`` takes ``down_features``), else :func:`experts_forward`."""
+    if kind == "linear":
+        return linears_forward(hidden, down_features)
+    return experts_forward(hidden, experts, vllm_config)
+
+
 def quant_method_in_use(model: torch.nn.Module) -> str:
     """The quantized method (and its scheme, kernel or backend) of ``model``'s ``gate_up`` or MoE layer, for
     the log: what vLLM picked on this GPU."""

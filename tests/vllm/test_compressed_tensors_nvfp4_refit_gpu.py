@@ -16,17 +16,14 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
-import torch
 from ct_nvfp4_helpers import EXPERTS, CtLinears, CtMoe, linear_checkpoint, moe_checkpoint
 from gpu_kernels import (
     GPU,
-    Outputs,
-    experts_forward,
+    forward_of,
     installed,
-    linears_forward,
     quant_method_in_use,
     refits_under_a_captured_graph,
 )
@@ -53,13 +50,6 @@ def ct_nvfp4_refit_on_gpu() -> Iterator[None]:
         yield
 
 
-def forward_of(kind: str, vllm_config: object) -> Callable[[torch.nn.Module], Outputs]:
-    """The forward a captured graph runs: bf16 activations through every layer of the model."""
-    if kind == "linear":
-        return linears_forward(HIDDEN, INTERMEDIATE)
-    return experts_forward(HIDDEN, EXPERTS, vllm_config)
-
-
 @pytest.mark.parametrize(("kind", "a16"), CASES)
 def test_ct_nvfp4_refits_on_vllms_kernels_equal_its_first_load_under_a_captured_graph(
         ct_nvfp4_refit_on_gpu: None, vllm_config: object, kind: str, a16: bool) -> None:
@@ -67,6 +57,7 @@ def test_ct_nvfp4_refits_on_vllms_kernels_equal_its_first_load_under_a_captured_
     states = [checkpoint(a16, seed, hidden=HIDDEN, intermediate=INTERMEDIATE) for seed in (1, 2)]
     # An NVFP4A16 MoE layer registers input global scales its checkpoint lacks and Marlin never reads.
     placeholders = frozenset({"w13_input_global_scale", "w2_input_global_scale"} if kind == "moe" and a16 else ())
+    forward = forward_of(kind, vllm_config, hidden=HIDDEN, down_features=INTERMEDIATE, experts=EXPERTS)
     model = refits_under_a_captured_graph(lambda: build(a16, hidden=HIDDEN, intermediate=INTERMEDIATE), states,
-                                          forward_of(kind, vllm_config), vllm_config, placeholders=placeholders)
+                                          forward, vllm_config, placeholders=placeholders)
     logger.info("%s %s: %s", kind, "w4a16" if a16 else "w4a4", quant_method_in_use(model))

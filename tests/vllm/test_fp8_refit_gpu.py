@@ -16,17 +16,14 @@ old weights bit for bit.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
-import torch
 from fp8_helpers import EXPERTS, HIDDEN, Fp8Linears, Fp8Moe, linear_checkpoint, moe_checkpoint
 from gpu_kernels import (
     GPU,
-    Outputs,
-    experts_forward,
+    forward_of,
     installed,
-    linears_forward,
     quant_method_in_use,
     refits_under_a_captured_graph,
 )
@@ -45,17 +42,11 @@ def fp8_refit_on_gpu() -> Iterator[None]:
         yield
 
 
-def forward_of(kind: str, vllm_config: object) -> Callable[[torch.nn.Module], Outputs]:
-    """The forward a captured graph runs: bf16 activations through every layer of the model."""
-    if kind == "linear":
-        return linears_forward(HIDDEN, HIDDEN)
-    return experts_forward(HIDDEN, EXPERTS, vllm_config)
-
-
 @pytest.mark.parametrize(("kind", "block"), CASES)
 def test_fp8_refits_on_vllms_kernels_equal_its_first_load_under_a_captured_graph(
         fp8_refit_on_gpu: None, vllm_config: object, kind: str, block: bool) -> None:
     states = [KINDS[kind][1](block, seed=seed) for seed in (1, 2)]
-    model = refits_under_a_captured_graph(lambda: KINDS[kind][0](block), states, forward_of(kind, vllm_config),
+    forward = forward_of(kind, vllm_config, hidden=HIDDEN, down_features=HIDDEN, experts=EXPERTS)
+    model = refits_under_a_captured_graph(lambda: KINDS[kind][0](block), states, forward,
                                           vllm_config)
     logger.info("%s %s: %s", kind, "block" if block else "per-tensor", quant_method_in_use(model))

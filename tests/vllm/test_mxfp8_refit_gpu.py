@@ -14,16 +14,13 @@ the old weights.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
-import torch
 from gpu_kernels import (
     GPU,
-    Outputs,
-    experts_forward,
+    forward_of,
     installed,
-    linears_forward,
     quant_method_in_use,
     refits_under_a_captured_graph,
 )
@@ -41,19 +38,13 @@ def mxfp8_refit_on_gpu() -> Iterator[None]:
         yield
 
 
-def forward_of(kind: str, vllm_config: object) -> Callable[[torch.nn.Module], Outputs]:
-    """The forward a captured graph runs: bf16 activations through every layer of the model."""
-    if kind == "linear":
-        return linears_forward(HIDDEN, INTERMEDIATE)
-    return experts_forward(HIDDEN, EXPERTS, vllm_config)
-
-
 @pytest.mark.parametrize("kind", ["linear", "moe"])
 def test_mxfp8_refits_on_vllms_kernels_equal_its_first_load_under_a_captured_graph(
         mxfp8_refit_on_gpu: None, vllm_config: object, kind: str) -> None:
     if kind == "linear" and not has_linear_method():
         pytest.skip("ModelOptMxFp8LinearMethod exists in vLLM 0.16-0.29 only")
     states = [checkpoint(kind, seed, HIDDEN, INTERMEDIATE) for seed in (1, 2)]
+    forward = forward_of(kind, vllm_config, hidden=HIDDEN, down_features=INTERMEDIATE, experts=EXPERTS)
     model = refits_under_a_captured_graph(lambda: MODELS[kind](HIDDEN, INTERMEDIATE), states,
-                                          forward_of(kind, vllm_config), vllm_config)
+                                          forward, vllm_config)
     logger.info("mxfp8 %s: %s", kind, quant_method_in_use(model))
