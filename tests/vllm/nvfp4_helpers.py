@@ -32,6 +32,7 @@ __all__ = [
     "BLOCK", "DOWN", "E2M1_VALUES", "UP", "TwoLinears", "assert_serves", "dequantize", "exact_activations",
     "export_nvfp4", "items", "linear_checkpoint", "linear_reference", "loaded_model", "process_weights_after_loading",
     "random_nvfp4", "weights_a", "weights_b", "dummy_started", "bits", "kernel_state", "assert_same_kernel_state",
+    "natively_loaded", "native_reload",
 ]
 
 
@@ -65,3 +66,26 @@ def assert_same_kernel_state(model: torch.nn.Module, before: dict[str, tuple[int
     for name, (ptr, data) in before.items():
         assert after[name][0] == ptr, name
         assert torch.equal(bits(after[name][1]), bits(data)), name
+
+
+# --- vLLM's own layer-wise reload (reload_weights, vLLM #32133), for the "why not native" tests --------
+
+
+def natively_loaded(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """``model`` prepared for ``reload_weights`` as vLLM's ``initialize_model`` does at build time (its
+    metadata recorded), then first-loaded with ``weights`` and processed."""
+    from vllm.model_executor.model_loader import reload
+
+    reload.record_metadata_for_reloading(model)
+    model.load_weights(items(weights))
+    process_weights_after_loading(model)
+    return model
+
+
+def native_reload(model: torch.nn.Module, weights: dict[str, torch.Tensor], vllm_config: object) -> None:
+    """vLLM's own layer-wise reload of ``weights`` into ``model``, as ``GPUModelRunner.reload_weights`` runs it."""
+    from vllm.model_executor.model_loader import reload
+
+    reload.initialize_layerwise_reload(model)
+    model.load_weights(items(weights))
+    reload.finalize_layerwise_reload(model, vllm_config.model_config)

@@ -35,6 +35,8 @@ from nvfp4_helpers import (
     dummy_started,
     items,
     kernel_state,
+    native_reload,
+    natively_loaded,
     process_weights_after_loading,
 )
 from patchkit.patches.vllm.refit import RefitError, UnsupportedQuantizationError, refit, refit_weights
@@ -280,21 +282,7 @@ def test_kv_scales_beside_compressed_tensors_layers_are_refitted_in_the_same_buf
 
 
 def _natively_loaded(kind: str) -> torch.nn.Module:
-    from vllm.model_executor.model_loader import reload
-
-    model = KINDS[kind][0]()
-    reload.record_metadata_for_reloading(model)  # vLLM's initialize_model does this at build time
-    model.load_weights(items(KINDS[kind][1](1)))
-    process_weights_after_loading(model)
-    return model
-
-
-def _native_reload(model: torch.nn.Module, checkpoint: dict[str, torch.Tensor], vllm_config: object) -> None:
-    from vllm.model_executor.model_loader import reload
-
-    reload.initialize_layerwise_reload(model)
-    model.load_weights(items(checkpoint))
-    reload.finalize_layerwise_reload(model, vllm_config.model_config)
+    return natively_loaded(KINDS[kind][0](), KINDS[kind][1](1))
 
 
 def test_native_reload_serves_good_compressed_tensors_nvfp4_linear_weights(
@@ -303,7 +291,7 @@ def test_native_reload_serves_good_compressed_tensors_nvfp4_linear_weights(
     """Upstream does the good path for W4A4 linear layers: a reload equals a first load."""
     model = _natively_loaded("linear-w4a4")
     checkpoint = KINDS["linear-w4a4"][1](2)
-    _native_reload(model, checkpoint, vllm_config)
+    native_reload(model, checkpoint, vllm_config)
     assert_same_as_first_load(model, first_load("linear-w4a4", checkpoint))
 
 
@@ -315,7 +303,7 @@ def test_native_reload_with_a_wrong_shape_breaks_the_compressed_tensors_nvfp4_li
     bad = KINDS["linear-w4a4"][1](2)
     _wrong_shape(bad)
     with pytest.raises(Exception) as caught:
-        _native_reload(model, bad, vllm_config)
+        native_reload(model, bad, vllm_config)
     assert "down" not in str(caught.value)
     assert any(p.is_meta for p in model.down.parameters())
 

@@ -14,7 +14,15 @@ from collections.abc import Callable
 import pytest
 import torch
 from fp8_helpers import Fp8Linears, Fp8Moe, items, linear_checkpoint, moe_checkpoint
-from nvfp4_helpers import assert_same_kernel_state, bits, dummy_started, kernel_state, process_weights_after_loading
+from nvfp4_helpers import (
+    assert_same_kernel_state,
+    bits,
+    dummy_started,
+    kernel_state,
+    native_reload,
+    natively_loaded,
+    process_weights_after_loading,
+)
 from patchkit.patches.vllm.refit import RefitError, refit, refit_weights
 
 KINDS = {
@@ -119,21 +127,7 @@ def test_a_layer_processed_before_the_patch_is_refused_by_name(cpu_fp8_ops: None
 
 
 def _natively_loaded(kind: str, block: bool) -> torch.nn.Module:
-    from vllm.model_executor.model_loader import reload
-
-    model = KINDS[kind][0](block)
-    reload.record_metadata_for_reloading(model)  # vLLM's initialize_model does this at build time
-    model.load_weights(items(KINDS[kind][1](block, seed=1)))
-    process_weights_after_loading(model)
-    return model
-
-
-def _native_reload(model: torch.nn.Module, checkpoint: dict[str, torch.Tensor], vllm_config: object) -> None:
-    from vllm.model_executor.model_loader import reload
-
-    reload.initialize_layerwise_reload(model)
-    model.load_weights(items(checkpoint))
-    reload.finalize_layerwise_reload(model, vllm_config.model_config)
+    return natively_loaded(KINDS[kind][0](block), KINDS[kind][1](block, seed=1))
 
 
 @pytest.mark.parametrize("block", [False, True], ids=["per-tensor", "block"])
@@ -144,7 +138,7 @@ def test_native_reload_serves_good_fp8_linear_weights_in_the_same_tensors(
     model = _natively_loaded("linear", block)
     ptrs = {name: ptr for name, (ptr, _) in kernel_state(model).items()}
     checkpoint = linear_checkpoint(block, seed=2)
-    _native_reload(model, checkpoint, vllm_config)
+    native_reload(model, checkpoint, vllm_config)
     assert_same_as_first_load(model, first_load("linear", block, checkpoint))
     assert {name: ptr for name, (ptr, _) in kernel_state(model).items()} == ptrs
 
@@ -157,7 +151,7 @@ def test_native_reload_with_a_wrong_shape_leaves_the_fp8_linear_layer_on_meta(
     bad = linear_checkpoint(block, seed=2)
     _wrong_shape(bad)
     with pytest.raises(RuntimeError) as caught:
-        _native_reload(model, bad, vllm_config)
+        native_reload(model, bad, vllm_config)
     assert "down" not in str(caught.value)  # names no layer or parameter
     assert all(p.is_meta for p in model.down.parameters())  # the kernel tensors are gone
 
@@ -169,7 +163,7 @@ def test_native_reload_takes_a_wrong_shape_fp8_moe_tensor_without_an_error(
     model = _natively_loaded("moe", True)
     bad = moe_checkpoint(True, seed=2)
     _wrong_shape(bad)
-    _native_reload(model, bad, vllm_config)
+    native_reload(model, bad, vllm_config)
     assert not any(p.is_meta for p in model.parameters())
 
 
@@ -183,7 +177,7 @@ def test_native_reload_of_good_per_tensor_fp8_moe_weights_serves_a_stale_scale(
     parameter instead and fail (0.24: ValueError, 0.33: IndexError), which is what this test said before."""
     model = _natively_loaded("moe", False)
     weights = moe_checkpoint(False, seed=2)
-    _native_reload(model, weights, vllm_config)
+    native_reload(model, weights, vllm_config)
     reference = dict(first_load("moe", False, weights).named_parameters())
     stale = sorted(name for name, param in model.named_parameters()
                    if not torch.equal(bits(param), bits(reference[name])))

@@ -18,7 +18,13 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import torch
-from nvfp4_helpers import assert_same_kernel_state, dummy_started, kernel_state, process_weights_after_loading
+from nvfp4_helpers import (
+    assert_same_kernel_state,
+    dummy_started,
+    kernel_state,
+    native_reload,
+    natively_loaded,
+)
 from patchkit.patches.vllm._checks._mxfp4_moe import (
     GPT_OSS_HIDDEN,
     GPT_OSS_INTERMEDIATE,
@@ -252,21 +258,7 @@ def test_a_layer_on_another_backend_is_refused_by_name_and_changes_nothing(
 
 
 def _natively_loaded(kind: str) -> Mxfp4Moe:
-    from vllm.model_executor.model_loader import reload
-
-    model = Mxfp4Moe(kind)
-    reload.record_metadata_for_reloading(model)  # vLLM's initialize_model does this at build time
-    model.load_weights(items(checkpoint(kind, seed=1)))
-    process_weights_after_loading(model)
-    return model
-
-
-def _native_reload(model: torch.nn.Module, weights: dict[str, torch.Tensor], vllm_config: object) -> None:
-    from vllm.model_executor.model_loader import reload
-
-    reload.initialize_layerwise_reload(model)
-    model.load_weights(items(weights))
-    reload.finalize_layerwise_reload(model, vllm_config.model_config)
+    return natively_loaded(Mxfp4Moe(kind), checkpoint(kind, seed=1))  # type: ignore[return-value]
 
 
 
@@ -278,7 +270,7 @@ def test_native_reload_serves_good_mxfp4_weights_in_the_same_tensors(
     model = _natively_loaded(kind)
     before = identities(model)
     weights = checkpoint(kind, seed=2)
-    _native_reload(model, weights, vllm_config)
+    native_reload(model, weights, vllm_config)
     assert_same_as_first_load(model, weights)
     assert identities(model) == before
 
@@ -293,5 +285,5 @@ def test_native_reload_takes_a_bad_mxfp4_tensor_without_an_error(
     model = _natively_loaded(kind)
     bad = checkpoint(kind, seed=2)
     spoil(bad)
-    _native_reload(model, bad, vllm_config)
+    native_reload(model, bad, vllm_config)
     assert not any(p.is_meta for p in model.parameters())

@@ -18,7 +18,14 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import torch
-from nvfp4_helpers import assert_same_kernel_state, dummy_started, kernel_state, process_weights_after_loading
+from nvfp4_helpers import (
+    assert_same_kernel_state,
+    dummy_started,
+    kernel_state,
+    native_reload,
+    natively_loaded,
+    process_weights_after_loading,
+)
 from patchkit.patches.vllm._checks._mxfp8 import (
     MODELS,
     checkpoint,
@@ -210,22 +217,9 @@ def test_upstreams_moe_processing_runs_once_per_layer(emulation: None) -> None:
 
 
 def _natively_loaded(kind: str) -> torch.nn.Module:
-    from vllm.model_executor.model_loader import reload
-
     with torch.device("cpu"):
         model = MODELS[kind]()
-    reload.record_metadata_for_reloading(model)  # vLLM's initialize_model does this at build time
-    model.load_weights(items(checkpoint(kind, seed=1)))
-    process_weights_after_loading(model)
-    return model
-
-
-def _native_reload(model: torch.nn.Module, weights: dict[str, torch.Tensor], vllm_config: object) -> None:
-    from vllm.model_executor.model_loader import reload
-
-    reload.initialize_layerwise_reload(model)
-    model.load_weights(items(weights))
-    reload.finalize_layerwise_reload(model, vllm_config.model_config)
+    return natively_loaded(model, checkpoint(kind, seed=1))
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -236,7 +230,7 @@ def test_native_reload_serves_good_mxfp8_weights_in_the_same_tensors(
     model = _natively_loaded(kind)
     before = identities(model)
     weights = checkpoint(kind, seed=2)
-    _native_reload(model, weights, vllm_config)
+    native_reload(model, weights, vllm_config)
     assert_same_as_first_load(model, kind, weights)
     assert identities(model) == before
 
@@ -248,7 +242,7 @@ def test_native_reload_with_a_wrong_shape_leaves_the_mxfp8_linear_layer_on_meta(
     bad = checkpoint("linear", seed=2)
     _wrong_shape(bad)
     with pytest.raises(RuntimeError) as caught:
-        _native_reload(model, bad, vllm_config)
+        native_reload(model, bad, vllm_config)
     assert not isinstance(caught.value, RefitError) and "down" not in str(caught.value)  # names nothing
     assert all(p.is_meta for p in model.down.parameters())  # the kernel tensors are gone
 
@@ -261,7 +255,7 @@ def test_native_reload_takes_a_wrong_shape_mxfp8_moe_tensor_without_an_error(
     model = _natively_loaded("moe")
     bad = checkpoint("moe", seed=2)
     _wrong_shape(bad)
-    _native_reload(model, bad, vllm_config)
+    native_reload(model, bad, vllm_config)
     assert not any(p.is_meta for p in model.parameters())
 
 
@@ -270,7 +264,7 @@ def test_native_reload_serves_a_nan_mxfp8_weight(emulation: None, vllm_config: o
     model = _natively_loaded(kind)
     bad = checkpoint(kind, seed=2)
     name = _nan_weight(bad)
-    _native_reload(model, bad, vllm_config)
+    native_reload(model, bad, vllm_config)
     served = model.down.weight if kind == "linear" else model.routed.w2_weight
     assert name.endswith("down.weight") or name.endswith("down_proj.weight")
     assert bool(torch.isnan(served.float()).any())

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from nvfp4_helpers import DOWN, TwoLinears, assert_serves, items, process_weights_after_loading, weights_a, weights_b
+from nvfp4_helpers import DOWN, TwoLinears, assert_serves, native_reload, natively_loaded, weights_a, weights_b
 
 reload = pytest.importorskip("vllm.model_executor.model_loader.reload")
 
@@ -34,22 +34,8 @@ def _uninitialised_memory_is_nan() -> Iterator[None]:
         torch.utils.deterministic.fill_uninitialized_memory = saved[2]
 
 
-def natively_loaded() -> TwoLinears:
-    model = TwoLinears()
-    reload.record_metadata_for_reloading(model)  # vLLM's initialize_model does this at build time
-    model.load_weights(items(weights_a()))
-    process_weights_after_loading(model)
-    return model
-
-
-def native_reload(model: TwoLinears, weights: dict[str, torch.Tensor], vllm_config: object) -> None:
-    reload.initialize_layerwise_reload(model)
-    model.load_weights(items(weights))
-    reload.finalize_layerwise_reload(model, vllm_config.model_config)
-
-
 def test_native_reload_serves_good_weights_in_the_same_tensors(cpu_nvfp4_kernels: None, vllm_config: object) -> None:
-    model = natively_loaded()
+    model = natively_loaded(TwoLinears(), weights_a())
     ptrs = {n: p.data_ptr() for n, p in model.named_parameters()}
     native_reload(model, weights_b(), vllm_config)
     assert_serves(model, weights_b())
@@ -59,7 +45,7 @@ def test_native_reload_serves_good_weights_in_the_same_tensors(cpu_nvfp4_kernels
 def test_native_reload_with_a_wrong_shape_leaves_the_layer_unusable(
     cpu_nvfp4_kernels: None, vllm_config: object
 ) -> None:
-    model = natively_loaded()
+    model = natively_loaded(TwoLinears(), weights_a())
     bad = weights_b()
     bad[f"{DOWN}.weight"] = bad[f"{DOWN}.weight"][:, :8].contiguous()
     with pytest.raises((AssertionError, RuntimeError)) as caught:
@@ -80,7 +66,7 @@ def test_native_reload_with_a_missing_parameter_does_not_keep_the_old_weights(
     Uninitialised memory is filled with NaN during the reload (torch's deterministic mode): left to
     the allocator, a freed block may still hold the old scale, and whether the layer happens to
     serve the old weights would depend on malloc (seen once in CI on 0.33)."""
-    model = natively_loaded()
+    model = natively_loaded(TwoLinears(), weights_a())
     partial = weights_b()
     del partial[f"{DOWN}.weight_scale"]
     with _uninitialised_memory_is_nan():
