@@ -13,15 +13,15 @@ harness's ``cpu_fp8_ops`` on CPU.
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 
 import torch
+from patchkit.patches.vllm._checks._gate_up_down import GateUpDown
+from patchkit.patches.vllm._checks._tiny_moe import OneMoeLayer
 
 BLOCK = 128
 HIDDEN, INTERMEDIATE = 256, 128
 EXPERTS = 4
-_numbers = itertools.count()  # vLLM registers MoE layers by prefix in the process-wide context
 
 
 def fp8_config(block: bool) -> object:
@@ -33,31 +33,10 @@ def fp8_config(block: bool) -> object:
     return Fp8Config(is_checkpoint_fp8_serialized=True, activation_scheme="static")
 
 
-class Fp8Linears(torch.nn.Module):
+class Fp8Linears(GateUpDown):
     def __init__(self, block: bool) -> None:
-        from vllm.model_executor.layers.linear import MergedColumnParallelLinear, RowParallelLinear
-
-        super().__init__()
+        super().__init__(fp8_config(block), hidden=HIDDEN, intermediate=INTERMEDIATE, down=(HIDDEN, INTERMEDIATE))
         self.block = block
-        config = fp8_config(block)
-        self.gate_up = MergedColumnParallelLinear(HIDDEN, [INTERMEDIATE] * 2, bias=False, quant_config=config,
-                                                  prefix="gate_up", params_dtype=torch.bfloat16)
-        self.down = RowParallelLinear(HIDDEN, INTERMEDIATE, bias=False, quant_config=config, prefix="down",
-                                      params_dtype=torch.bfloat16)
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """``gate.*``/``up.*`` into the fused ``gate_up`` shards 0/1, ``down.*`` as is (vLLM's stacking)."""
-        loaded = set()
-        for name, tensor in weights:
-            prefix, _, suffix = name.partition(".")
-            if prefix in ("gate", "up"):
-                param = self.get_parameter(f"gate_up.{suffix}")
-                param.weight_loader(param, tensor, ("gate", "up").index(prefix))
-            else:
-                param = self.get_parameter(name)
-                param.weight_loader(param, tensor)
-            loaded.add(name)
-        return loaded
 
 
 def _fp8(generator: torch.Generator, *shape: int) -> torch.Tensor:
@@ -85,27 +64,9 @@ def linear_checkpoint(block: bool, seed: int) -> dict[str, torch.Tensor]:
     }
 
 
-class Fp8Moe(torch.nn.Module):
+class Fp8Moe(OneMoeLayer):
     def __init__(self, block: bool) -> None:
-        from vllm.model_executor.layers import fused_moe
-
-        super().__init__()
-        factory = getattr(fused_moe, "FusedMoEFactory", None) or fused_moe.FusedMoE  # 0.25+ / 0.24
-        self.experts = factory(
-            num_experts=EXPERTS, top_k=2, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE,
-            params_dtype=torch.bfloat16, quant_config=fp8_config(block),
-            prefix=f"patchkit_fp8_moe{next(_numbers)}.experts", tp_size=1, dp_size=1, pcp_size=1,
-        )
-
-    @property
-    def routed(self) -> torch.nn.Module:
-        return getattr(self.experts, "routed_experts", self.experts)
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """vLLM's expert mapping, as a MoE model's ``load_weights`` (``_tiny_moe.load_by_expert_mapping``)."""
-        from patchkit.patches.vllm._checks._tiny_moe import load_by_expert_mapping
-
-        return load_by_expert_mapping(self, weights, EXPERTS)
+        super().__init__(fp8_config(block), hidden=HIDDEN, intermediate=INTERMEDIATE, experts=EXPERTS, name="fp8_moe")
 
 
 def moe_checkpoint(block: bool, seed: int) -> dict[str, torch.Tensor]:

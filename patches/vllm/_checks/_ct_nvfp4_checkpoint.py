@@ -22,16 +22,13 @@ self-check's tiny sizes; the GPU tests pass sizes Marlin's kernels take (inputs 
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterable
-
 import torch
 
 from .._nvfp4_checkpoint import random_nvfp4
-from ._tiny_moe import load_by_expert_mapping
+from ._gate_up_down import GateUpDown
+from ._tiny_moe import OneMoeLayer
 
 HIDDEN, INTERMEDIATE, EXPERTS = 128, 64, 4
-_numbers = itertools.count()  # vLLM registers MoE layers by prefix in the process-wide context
 
 
 #: a ``kv_cache_scheme`` as llm-compressor writes it for an FP8 KV cache with static per-tensor scales
@@ -54,35 +51,11 @@ def ct_nvfp4_config(a16: bool, kv_cache_scheme: dict[str, object] | None = None)
     })
 
 
-class CtLinears(torch.nn.Module):
+class CtLinears(GateUpDown):
     """A fused ``gate_up`` (``MergedColumnParallelLinear``) and a ``down`` (``RowParallelLinear``)."""
 
     def __init__(self, a16: bool, hidden: int = HIDDEN, intermediate: int = INTERMEDIATE) -> None:
-        from vllm.model_executor.layers.linear import MergedColumnParallelLinear, RowParallelLinear
-
-        super().__init__()
-        config = ct_nvfp4_config(a16)
-        self.gate_up = MergedColumnParallelLinear(hidden, [intermediate] * 2, bias=False, quant_config=config,
-                                                  prefix="gate_up", params_dtype=torch.bfloat16)
-        self.down = RowParallelLinear(intermediate, hidden, bias=False, quant_config=config, prefix="down",
-                                      params_dtype=torch.bfloat16)
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """``gate.*``/``up.*`` into the fused ``gate_up`` shards 0/1, ``down.*`` as is (vLLM's stacking)."""
-        params = dict(self.named_parameters())  # read now: a prepared refit has staged new ones
-        loaded = set()
-        for name, tensor in weights:
-            prefix, _, suffix = name.partition(".")
-            if prefix in ("gate", "up"):
-                param = params[f"gate_up.{suffix}"]
-                param.weight_loader(param, tensor, ("gate", "up").index(prefix))
-            elif name in params:
-                param = params[name]
-                param.weight_loader(param, tensor)
-            else:
-                raise ValueError(f"no parameter for {name!r}")
-            loaded.add(name)
-        return loaded
+        super().__init__(ct_nvfp4_config(a16), hidden=hidden, intermediate=intermediate)
 
 
 def _layer(generator: torch.Generator, prefix: str, out: int, inp: int, a16: bool,
@@ -109,26 +82,12 @@ def linear_checkpoint(a16: bool, seed: int, hidden: int = HIDDEN, intermediate: 
     }
 
 
-class CtMoe(torch.nn.Module):
+class CtMoe(OneMoeLayer):
     """One fused-MoE layer of ``EXPERTS`` experts with the compressed-tensors NVFP4 config."""
 
     def __init__(self, a16: bool, hidden: int = HIDDEN, intermediate: int = INTERMEDIATE) -> None:
-        from vllm.model_executor.layers import fused_moe
-
-        super().__init__()
-        factory = getattr(fused_moe, "FusedMoEFactory", None) or fused_moe.FusedMoE  # 0.25+ / 0.24
-        self.experts = factory(
-            num_experts=EXPERTS, top_k=2, hidden_size=hidden, intermediate_size=intermediate,
-            params_dtype=torch.bfloat16, quant_config=ct_nvfp4_config(a16),
-            prefix=f"patchkit_ct_moe{next(_numbers)}.experts", tp_size=1, dp_size=1, pcp_size=1,
-        )
-
-    @property
-    def routed(self) -> torch.nn.Module:
-        return getattr(self.experts, "routed_experts", self.experts)
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        return load_by_expert_mapping(self, weights, EXPERTS)
+        super().__init__(ct_nvfp4_config(a16), hidden=hidden, intermediate=intermediate, experts=EXPERTS,
+                         name="ct_moe")
 
 
 def moe_checkpoint(a16: bool, seed: int, hidden: int = HIDDEN, intermediate: int = INTERMEDIATE

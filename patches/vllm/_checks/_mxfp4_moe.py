@@ -29,7 +29,7 @@ import torch
 
 from patchkit.selfcheck import CheckContext, NeedsGPU, SelfCheckFailed, expect
 
-from ._tiny_moe import load_by_expert_mapping
+from ._tiny_moe import OneMoeLayer, load_by_expert_mapping
 
 EXPERTS = 4
 #: Marlin tiles: hidden a multiple of 256, intermediate of 128 (vLLM pads anything else up to these)
@@ -38,7 +38,6 @@ HIDDEN, INTERMEDIATE = 256, 256
 GPT_OSS_HIDDEN, GPT_OSS_INTERMEDIATE = 2880, 2880
 MXFP4_BLOCK = 32
 KINDS = ("gpt_oss", "mxfp4")
-_numbers = itertools.count()  # vLLM registers MoE layers by prefix in the process-wide context
 
 
 def _marlin_repack_standin(b_q_weight: torch.Tensor, size_k: int, size_n: int, num_bits: int,
@@ -95,32 +94,20 @@ def _config(kind: str) -> Any:
     return mxfp4.GptOssMxfp4Config() if kind == "gpt_oss" else mxfp4.Mxfp4Config()
 
 
-class Mxfp4Moe(torch.nn.Module):
+class Mxfp4Moe(OneMoeLayer):
     """One vLLM fused-MoE layer (``experts``) with an MXFP4 config; build inside :func:`marlin_backend`."""
 
     def __init__(self, kind: str, hidden: int = HIDDEN, intermediate: int = INTERMEDIATE,
                  tp: tuple[int, int] | None = None) -> None:
         """``intermediate`` is per rank; ``tp`` (size, rank) makes the layer one rank of that many (see
         :func:`as_tp_rank`)."""
-        from vllm.model_executor.layers import fused_moe
-
-        super().__init__()
+        extra = {"has_bias": True, "activation": "swigluoai"} if kind == "gpt_oss" else {}
+        super().__init__(_config(kind), hidden=hidden, intermediate=intermediate, experts=EXPERTS,
+                         name="mxfp4_moe", **extra)
         self.kind = kind
         self.hidden, self.intermediate = hidden, intermediate  # the checkpoint's sizes
-        factory = getattr(fused_moe, "FusedMoEFactory", None) or fused_moe.FusedMoE  # 0.25+ / 0.24
-        extra = {"has_bias": True, "activation": "swigluoai"} if kind == "gpt_oss" else {}
-        self.experts = factory(
-            num_experts=EXPERTS, top_k=2, hidden_size=hidden, intermediate_size=intermediate,
-            params_dtype=torch.bfloat16, quant_config=_config(kind),
-            prefix=f"patchkit_mxfp4_moe{next(_numbers)}.experts", tp_size=1, dp_size=1, pcp_size=1, **extra,
-        )
         if tp is not None:
             as_tp_rank(self.routed, *tp)
-
-    @property
-    def routed(self) -> torch.nn.Module:
-        """The module that owns the expert parameters and their ``weight_loader``."""
-        return getattr(self.experts, "routed_experts", self.experts)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         loaded = set()

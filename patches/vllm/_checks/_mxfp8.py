@@ -26,18 +26,17 @@ tensors, compared bit for bit with vLLM's own first load of the same checkpoint.
 from __future__ import annotations
 
 import contextlib
-import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-from ._tiny_moe import load_by_expert_mapping
+from ._gate_up_down import GateUpDown
+from ._tiny_moe import OneMoeLayer
 
 BLOCK = 32
 HIDDEN, INTERMEDIATE = 128, 64
 EXPERTS = 4
-_numbers = itertools.count()  # vLLM registers MoE layers by prefix in the process-wide context
 
 
 def has_linear_method() -> bool:
@@ -98,50 +97,14 @@ def _with_emulation_fallback(select: Any) -> Any:
     return select_mxfp8_moe_backend
 
 
-class Mxfp8Linears(torch.nn.Module):
+class Mxfp8Linears(GateUpDown):
     def __init__(self, hidden: int = HIDDEN, intermediate: int = INTERMEDIATE) -> None:
-        from vllm.model_executor.layers.linear import MergedColumnParallelLinear, RowParallelLinear
-
-        super().__init__()
-        config = mxfp8_config()
-        self.gate_up = MergedColumnParallelLinear(hidden, [intermediate] * 2, bias=False, quant_config=config,
-                                                  prefix="gate_up", params_dtype=torch.bfloat16)
-        self.down = RowParallelLinear(intermediate, hidden, bias=False, quant_config=config, prefix="down",
-                                      params_dtype=torch.bfloat16)
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """``gate.*``/``up.*`` into the fused ``gate_up`` shards 0/1, ``down.*`` as is (vLLM's stacking)."""
-        loaded = set()
-        for name, tensor in weights:
-            prefix, _, suffix = name.partition(".")
-            if prefix in ("gate", "up"):
-                param = self.get_parameter(f"gate_up.{suffix}")
-                param.weight_loader(param, tensor, ("gate", "up").index(prefix))
-            else:
-                param = self.get_parameter(name)
-                param.weight_loader(param, tensor)
-            loaded.add(name)
-        return loaded
+        super().__init__(mxfp8_config(), hidden=hidden, intermediate=intermediate)
 
 
-class Mxfp8Moe(torch.nn.Module):
+class Mxfp8Moe(OneMoeLayer):
     def __init__(self, hidden: int = HIDDEN, intermediate: int = INTERMEDIATE) -> None:
-        from vllm.model_executor.layers import fused_moe
-
-        super().__init__()
-        factory = getattr(fused_moe, "FusedMoEFactory", None) or fused_moe.FusedMoE  # 0.25+ / 0.24
-        self.experts = factory(
-            num_experts=EXPERTS, top_k=2, hidden_size=hidden, intermediate_size=intermediate,
-            params_dtype=torch.bfloat16, quant_config=mxfp8_config(),
-            prefix=f"patchkit_mxfp8_moe{next(_numbers)}.experts", tp_size=1, dp_size=1, pcp_size=1,
-        )
-
-    @property
-    def routed(self) -> torch.nn.Module:
-        return getattr(self.experts, "routed_experts", self.experts)
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        return load_by_expert_mapping(self, weights, EXPERTS)
+        super().__init__(mxfp8_config(), hidden=hidden, intermediate=intermediate, experts=EXPERTS, name="mxfp8_moe")
 
 
 MODELS: dict[str, type[torch.nn.Module]] = {"linear": Mxfp8Linears, "moe": Mxfp8Moe}

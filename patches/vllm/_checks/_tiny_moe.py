@@ -25,18 +25,23 @@ PROJECTIONS = (("gate_proj", (INTERMEDIATE, HIDDEN)), ("up_proj", (INTERMEDIATE,
 _numbers = itertools.count()
 
 
-class TinyMoE(torch.nn.Module):
-    def __init__(self, quantized: bool) -> None:
+class OneMoeLayer(torch.nn.Module):
+    """One vLLM fused-MoE layer (``experts``) of ``experts`` experts with ``quant_config``, built by vLLM's own
+    factory and loaded through its expert mapping (:func:`load_by_expert_mapping`). Shared by every format's
+    self-check model; ``name`` makes the layer's prefix (numbered: vLLM registers MoE layers by prefix),
+    ``extra`` goes to the factory (gpt-oss's ``has_bias``, ``activation``)."""
+
+    def __init__(self, quant_config: Any, *, hidden: int, intermediate: int, experts: int, name: str,
+                 params_dtype: torch.dtype = torch.bfloat16, **extra: Any) -> None:
         from vllm.model_executor.layers import fused_moe
-        from vllm.model_executor.layers.quantization.modelopt import ModelOptNvFp4Config
 
         super().__init__()
+        self.num_experts = experts
         factory = getattr(fused_moe, "FusedMoEFactory", None) or fused_moe.FusedMoE  # 0.25+ / 0.24
         self.experts = factory(
-            num_experts=EXPERTS, top_k=2, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE,
-            params_dtype=torch.float32,
-            quant_config=ModelOptNvFp4Config("NVFP4", True, None, [], 16) if quantized else None,
-            prefix=f"patchkit_moe{next(_numbers)}.experts", tp_size=1, dp_size=1, pcp_size=1,
+            num_experts=experts, top_k=2, hidden_size=hidden, intermediate_size=intermediate,
+            params_dtype=params_dtype, quant_config=quant_config,
+            prefix=f"patchkit_{name}{next(_numbers)}.experts", tp_size=1, dp_size=1, pcp_size=1, **extra,
         )
 
     @property
@@ -44,9 +49,21 @@ class TinyMoE(torch.nn.Module):
         """The module that owns the expert parameters and their ``weight_loader``."""
         return getattr(self.experts, "routed_experts", self.experts)
 
-    def load_weights(self, weights: dict[str, torch.Tensor]) -> set[str]:
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Each checkpoint tensor through the ``weight_loader`` of the parameter it maps to."""
-        return load_by_expert_mapping(self, weights.items(), EXPERTS)
+        return load_by_expert_mapping(self, weights, self.num_experts)
+
+
+class TinyMoE(OneMoeLayer):
+    def __init__(self, quantized: bool) -> None:
+        from vllm.model_executor.layers.quantization.modelopt import ModelOptNvFp4Config
+
+        super().__init__(ModelOptNvFp4Config("NVFP4", True, None, [], 16) if quantized else None, hidden=HIDDEN,
+                         intermediate=INTERMEDIATE, experts=EXPERTS, name="moe", params_dtype=torch.float32)
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> set[str]:  # type: ignore[override]
+        """A checkpoint dict, each tensor through the ``weight_loader`` of the parameter it maps to."""
+        return super().load_weights(weights.items())
 
 
 def load_by_expert_mapping(model: torch.nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
