@@ -6,11 +6,10 @@ import patchkit
 
 from ._constants import REFIT_PATCH_ID as PATCH_ID
 from ._errors import RefitError
+from ._refit_targets import recording_patches
 
-#: the patches that record layers for ``refit``: NVFP4 (the backend's own id), FP8, compressed-tensors NVFP4,
-#: MXFP4 MoE and ModelOpt MXFP8
-RECORDING_PATCHES = (PATCH_ID, "vllm.fp8_refit", "vllm.compressed_tensors_nvfp4_refit", "vllm.mxfp4_moe_refit",
-                     "vllm.mxfp8_refit")
+#: the patches that record layers for ``refit``, one per format (``_refit_targets.FORMATS``)
+RECORDING_PATCHES = recording_patches()
 
 
 def current_mode() -> str:

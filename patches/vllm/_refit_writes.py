@@ -50,12 +50,15 @@ class WriteCounter:
     Nests: an inner counter hides the outer one until it exits.
     """
 
-    __slots__ = ("copied", "_outer", "_hold")
+    __slots__ = ("copied", "destinations", "_outer", "_hold")
 
     _hold: Hold | None
 
     def __init__(self) -> None:
         self.copied = 0
+        #: each write's destination and, for an item write, its index (``_refit_coverage`` maps them
+        #: onto the parameter written)
+        self.destinations: list[tuple[torch.Tensor, Any]] = []
 
     def __enter__(self) -> WriteCounter:
         # Inside a refit the counting is installed already: then entering changes nothing but this
@@ -129,6 +132,7 @@ def _counting_whole_write(original: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             _thread.writing = False
         counter.copied += self.numel()
+        counter.destinations.append((self, None))
         return result
 
     return write
@@ -148,5 +152,6 @@ def _counting_item_write(original: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             _thread.writing = False
         counter.copied += written
+        counter.destinations.append((self, index))
 
     return write
