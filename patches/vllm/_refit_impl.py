@@ -533,13 +533,13 @@ def _refuse_unrefittable_layers(model: torch.nn.Module) -> None:
     recorded it, or one of any other quantization."""
     import patchkit
 
-    from ._refit_targets import SUPPORTED, describe_method, loads_in_place, recording_patch
+    from ._refit_targets import describe_method, loads_in_place, recording_patch, supported
 
     installed: dict[str, bool] = {}
 
     def is_installed(patch_id: str) -> bool:
         if patch_id not in installed:
-            installed[patch_id] = all(record.state.installed for record in patchkit.status(patch_id))
+            installed[patch_id] = patchkit.why_not_installed(patch_id) is None
         return installed[patch_id]
 
     for name, module in model.named_modules():
@@ -567,11 +567,11 @@ def _refuse_unrefittable_layers(model: torch.nn.Module) -> None:
             )
         raise UnsupportedQuantizationError(
             f"layer {name!r} uses {described}, which patchkit cannot refit (its processed kernel"
-            f" tensors would be overwritten with checkpoint tensors); a refit supports {SUPPORTED}."
+            f" tensors would be overwritten with checkpoint tensors); a refit supports {supported()}."
             " Nothing was changed",
             layer=name,
             method=described,
-            supported=SUPPORTED,
+            supported=supported(),
         )
 
 

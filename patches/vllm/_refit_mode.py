@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import patchkit
 
-from ._constants import REFIT_PATCH_ID as PATCH_ID
 from ._errors import RefitError
 from ._refit_targets import recording_patches
-
-#: the patches that record layers for ``refit``, one per format (``_refit_targets.FORMATS``)
-RECORDING_PATCHES = recording_patches()
 
 
 def current_mode() -> str:
@@ -17,7 +13,8 @@ def current_mode() -> str:
 
     A layer whose own format's patch is off is refused by name when a refit starts.
     """
-    problem = patchkit.why_not_installed(*RECORDING_PATCHES)
+    # the patches that record layers for a refit, one per format (``_refit_targets.FORMATS``)
+    problem = patchkit.why_not_installed(*recording_patches())
     if problem is None:
         return "patchkit"
     raise RefitError(

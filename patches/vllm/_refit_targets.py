@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import _mxfp4_targets
+from ._constants import REFIT_PATCH_ID
 
 _QUANT = "vllm.model_executor.layers.quantization"
 FP8 = f"{_QUANT}.fp8"
@@ -90,7 +91,8 @@ FORMATS: tuple[RefitFormat, ...] = (
         subclasses=True,
     ),
     RefitFormat(
-        "vllm.compressed_tensors_nvfp4_refit", "compressed-tensors NVFP4 linear layers (vllm.compressed_tensors_nvfp4_refit)",
+        "vllm.compressed_tensors_nvfp4_refit",
+        "compressed-tensors NVFP4 linear layers (vllm.compressed_tensors_nvfp4_refit)",
         schemes=(f"{CT_SCHEMES}:CompressedTensorsW4A4Fp4",),
     ),
     RefitFormat(
@@ -106,13 +108,17 @@ FORMATS: tuple[RefitFormat, ...] = (
     ),
 )
 
-#: What a refit takes, for error messages.
-SUPPORTED = "unquantized layers, KV-cache scales, " + ", ".join(f.describe for f in FORMATS)
+
+
+def supported() -> str:
+    """What a refit takes, for error messages."""
+    return "unquantized layers, KV-cache scales, " + ", ".join(f.describe for f in FORMATS)
 
 
 def recording_patches() -> tuple[str, ...]:
-    """The patches that record layers for a refit, each once."""
-    return tuple(dict.fromkeys(f.patch_id for f in FORMATS))
+    """The patches that record layers for a refit, each once, the first refit patch first (its state
+    is what ``refit_mode`` reports when none is installed)."""
+    return tuple(dict.fromkeys((REFIT_PATCH_ID, *(f.patch_id for f in FORMATS))))
 
 
 def format_of(method: Any, layer: Any = None) -> RefitFormat | None:

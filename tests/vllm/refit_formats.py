@@ -121,8 +121,9 @@ FORMATS: dict[str, Callable[[], FormatCase]] = {
 def format_started(request: pytest.FixtureRequest, fmt: str) -> Iterator[tuple[FormatCase, torch.nn.Module]]:
     """The format's patches applied and its model built and started as RL frameworks start vLLM
     (``load_format="dummy"``), for the ``with`` block; the patches are reverted after."""
-    import patchkit
     from nvfp4_helpers import dummy_started
+
+    import patchkit
 
     case = FORMATS[fmt]()
     for fixture in case.fixtures:

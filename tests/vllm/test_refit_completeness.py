@@ -97,7 +97,7 @@ def test_an_incomplete_or_bad_refit_is_refused_and_changes_nothing(
         refit_weights(model, list(good.items()))
         before = kernel_state(model)
         bad = list(case.checkpoint(2).items())
-        spoiled = SPOILS[spoil](bad, case.moe)
+        SPOILS[spoil](bad, case.moe)
         with pytest.raises(RefitError) as caught:
             refit_weights(model, bad)
         assert caught.value.parameter is not None, caught.value
