@@ -2,8 +2,8 @@
 
 Every vLLM weight loader ends in an in-place write into the destination parameter (possibly
 narrowed to a shard or an expert): ``copy_`` mostly, item assignment (fused-MoE per-tensor scales),
-``fill_`` (``default_weight_loader`` for scalars). Counting the elements those writes cover tells
-how much of a parameter a load filled, whatever the loader's sharding logic.
+``fill_`` (``default_weight_loader`` for scalars). Those writes' destinations tell which part of a
+parameter a load filled (``_refit_coverage``), whatever the loader's sharding logic.
 
 vLLM's layerwise reload counts ``aten.copy_`` with a ``TorchDispatchMode``
 (``model_loader/reload/meta.py``, 0.16+); patchkit used a ``TorchFunctionMode`` before. A mode sees
