@@ -1,6 +1,7 @@
 """Test environments, one per upstream version set, generated from compat_matrix.yaml.
 
     nox -s demo          install the real upstreams, apply the patches, run `patchkit doctor` on them
+    nox -s docs          regenerate the README's catalogue table and the compatibility grid
     nox -t ci            the representative subset CI runs (entries marked `ci: true`)
     nox -l               every environment; `nox -s tests-<name>` runs one
 
@@ -97,6 +98,7 @@ INSTALLS: dict[str, tuple[str, list[list[str]]]] = {
 INSTALLS["demo"] = (DEMO_PYTHON, DEMO_INSTALL)
 INSTALLS["lint"] = (DEFAULT_PYTHON, [["ruff", "mypy", "types-PyYAML"]])
 INSTALLS["matrix"] = (DEFAULT_PYTHON, [])
+INSTALLS["docs"] = (DEFAULT_PYTHON, [])
 INSTALLS["bench"] = (DEFAULT_PYTHON, [["torch==2.13.0"]])
 
 
@@ -153,15 +155,26 @@ def lint(session: nox.Session) -> None:
 
 @_session("matrix", DEFAULT_PYTHON, "the matrix session", tags=["ci"])
 def matrix(session: nox.Session) -> None:
-    """compat_matrix.yaml agrees with the patch registry, and the README table is generated from it."""
+    """compat_matrix.yaml agrees with the patch registry, and the documents generated from it are current."""
     _install(session)
     session.run("patchkit", "matrix", "check")
+    _generate_documents(session, check=RECORD == "check")
+
+
+def _generate_documents(session: nox.Session, check: bool) -> None:
+    """The README's catalogue table, the supported-versions table and the compatibility grid."""
+    flag = ["--check"] if check else []
     for document in ("README.md", "docs/compat-matrix.md"):
-        if "<!-- compat-table:start -->" in (ROOT / document).read_text():
-            session.run("patchkit", "matrix", "table", "--readme", document,
-                        *(["--check"] if RECORD == "check" else []))
-        else:
-            session.warn(f"{document} has no compat-table markers: supported-versions table not generated")
+        session.run("patchkit", "matrix", "table", "--readme", document, *flag)
+    session.run("patchkit", "matrix", "grid", "--markdown", "docs/compatibility.md",
+                "--html", "docs/compatibility.html", *flag)
+
+
+@_session("docs", DEFAULT_PYTHON, "the docs session")
+def docs(session: nox.Session) -> None:
+    """Regenerate the README's catalogue table, the supported-versions table and the compatibility grid."""
+    _install(session)
+    _generate_documents(session, check=False)
 
 
 @nox.session(tags=["ci"], venv_backend="none")
