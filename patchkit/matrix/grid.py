@@ -178,7 +178,7 @@ def render_html(sections: list[Section]) -> str:
         for row in section.rows:
             name = esc(row.patch_id) + (" <em>opt-in</em>" if row.opt_in else "")
             cells = "".join(f'<td class="{c}" title="{esc(row.patch_id)} on {esc(section.upstream)} {esc(r)}: {c}">'
-                            f"{_SHORT[c]}</td>" for c, r in zip(row.cells, section.releases))
+                            f"{_SHORT[c]}</td>" for c, r in zip(row.cells, section.releases, strict=True))
             out.append(f'<tr><td class="patch">{name}</td>{cells}</tr>')
         out += ["</tbody>", "</table>"]
     counts = _totals(sections)

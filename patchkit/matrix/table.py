@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Iterable, Mapping
 
-from ..runtime.catalogue import Registered
 from ..runtime import pep440
+from ..runtime.catalogue import Registered
 from .model import IN_RANGE, KNOWN_BAD, NATIVE, UNSUPPORTED, VERIFIED, Matrix, VersionRecord
 from .writer import record_order
 

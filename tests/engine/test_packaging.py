@@ -58,7 +58,8 @@ for ep in dist.entry_points:
     if ep.group in ("vllm.general_plugins", "sglang.srt.plugins"):
         target()  # their hosts call what they load
     loaded[ep.group] = ep.value
-start = pkgutil.resolve_name(open(__import__("site").getsitepackages()[0] + "/zz_patchkit_autoload.start").read().strip())
+site_packages = __import__("site").getsitepackages()[0]
+start = pkgutil.resolve_name(open(site_packages + "/zz_patchkit_autoload.start").read().strip())
 print(json.dumps({
     "name": dist.metadata["Name"], "version": dist.version, "patchkit_version": patchkit.__version__,
     "file": patchkit.__file__, "states": sorted({r.state.value for r in records}), "count": len(records),

@@ -45,16 +45,15 @@ def _registry() -> list[Registered]:
 
 
 def test_each_cell_says_verified_static_native_unsupported_or_untested() -> None:
-    matrix = parse(MATRIX.replace("0.14.0'}, status", "0.14.0'}, status").replace(
-        "      - {versions: {vllm: '0.15.1'}, status: known-bad}",
-        "      - {versions: {vllm: '0.15.1'}, status: known-bad}\n      - {versions: {vllm: '0.11.0'}, status: unsupported}\n"
-        "      - {versions: {vllm: '0.17.0'}, status: native}"))
+    known_bad = "      - {versions: {vllm: '0.15.1'}, status: known-bad}"
+    matrix = parse(MATRIX.replace(known_bad, known_bad + "\n      - {versions: {vllm: '0.11.0'}, status: unsupported}"
+                                                          "\n      - {versions: {vllm: '0.17.0'}, status: native}"))
     sections = {s.upstream: s for s in build(matrix, _registry())}
     assert list(sections) == ["megatron-core", "vllm"]  # the main upstreams in the README's order
     vllm = sections["vllm"]
     assert vllm.releases == ("0.11.0", "0.12.0", "0.13.0", "0.15.1", "0.16.0", "0.17.0")
     (row,) = vllm.rows
-    assert dict(zip(vllm.releases, row.cells)) == {
+    assert dict(zip(vllm.releases, row.cells, strict=True)) == {
         "0.11.0": UNSUPPORTED,  # recorded unsupported
         "0.12.0": VERIFIED,  # its tests ran there
         "0.13.0": VERIFIED_STATIC,  # checked from the release's files only
@@ -69,7 +68,7 @@ def test_a_release_no_record_names_is_untested_inside_a_range_and_unsupported_ou
                    "      - {versions: {vllm: '0.14.0'}, status: unsupported}\n"
                    "      - {versions: {vllm: '0.25.0'}, status: unsupported}\n")
     vllm = {s.upstream: s for s in build(matrix, _registry())}["vllm"]
-    cells = dict(zip(vllm.releases, vllm.rows[0].cells))
+    cells = dict(zip(vllm.releases, vllm.rows[0].cells, strict=True))
     assert cells["0.14.0"] == UNTESTED  # vllm.refit's first range holds it, nothing recorded for it
     assert cells["0.25.0"] == UNSUPPORTED  # no vllm.refit variant holds it
 
@@ -112,4 +111,5 @@ def test_the_catalogue_table_has_one_row_per_patch_with_its_checked_span() -> No
     assert "| `megatron.fix` | megatron-core | 0.14.0 | opt-in | Fix a thing \\| with a pipe |" in table
     readme = f"# T\n\n{CATALOGUE_START}\nold\n{CATALOGUE_END}\n\nafter\n"
     updated = update_catalogue(readme, parse(MATRIX), _registry())
-    assert updated.startswith(f"# T\n\n{CATALOGUE_START}\n<!-- generated") and updated.endswith(f"{CATALOGUE_END}\n\nafter\n")
+    assert updated.startswith(f"# T\n\n{CATALOGUE_START}\n<!-- generated")
+    assert updated.endswith(f"{CATALOGUE_END}\n\nafter\n")

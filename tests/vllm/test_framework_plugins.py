@@ -94,8 +94,9 @@ NOT_APPLIED = {"state": "registered", "reason": None}
 
 
 def test_the_installed_metadata_registers_patchkit_in_each_hosts_group():
-    from patchkit._version import DISTRIBUTION_NAME
     from patchkit.patches.entry_points import ENTRY_POINT_NAME, GROUPS
+
+    from patchkit._version import DISTRIBUTION_NAME
 
     for group in GROUPS.values():
         (found,) = [ep for ep in entry_points(group=group) if ep.dist and ep.dist.name == DISTRIBUTION_NAME]
