@@ -13,8 +13,11 @@ TransformerEngine is installed it is used instead.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import sys
+import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -30,19 +33,27 @@ BRIDGE_MODULES = (
 )
 
 
-def import_bridge() -> None:
-    """Import Megatron-Bridge (and ModelOpt's Megatron plugin first) where they are installed."""
-    if importlib.util.find_spec("modelopt") is not None and importlib.util.find_spec("megatron.core") is not None:
-        load_modelopt_megatron_plugin()
-    if importlib.util.find_spec("megatron.bridge") is None:
-        return
-    with bridge_import_context():
-        for name in BRIDGE_MODULES:
-            importlib.import_module(name)
+def import_bridge() -> int:
+    """Import Megatron-Bridge (and ModelOpt's Megatron plugin first) where they are installed; the
+    number of lines the upstreams printed meanwhile (kept out of the report, as patchkit's commands do)."""
+    printed = io.StringIO()
+    with warnings.catch_warnings(), contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+        warnings.simplefilter("always")
+        warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: printed.write(
+            warnings.formatwarning(message, category, filename, lineno, line))
+        if importlib.util.find_spec("modelopt") is not None and importlib.util.find_spec("megatron.core") is not None:
+            load_modelopt_megatron_plugin()
+        if importlib.util.find_spec("megatron.bridge") is not None:
+            with bridge_import_context():
+                for name in BRIDGE_MODULES:
+                    importlib.import_module(name)
+    return len(printed.getvalue().splitlines())
 
 
 if __name__ == "__main__":
-    import_bridge()
+    lines = import_bridge()
+    sys.stderr.write(f"demo: Megatron-Bridge imported under the TransformerEngine import stand-in "
+                     f"(upstreams printed {lines} line(s))\n")
     from patchkit.cli import main
 
     sys.exit(main(sys.argv[1:]))
