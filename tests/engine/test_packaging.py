@@ -167,7 +167,7 @@ def _apply_and_load_entry_points(venv: pathlib.Path, kind: str) -> dict:
     return facts
 
 
-PLUGINS = {"vllm.general_plugins": "patchkit.patches.vllm.plugin:load",
+PLUGINS = {"vllm.general_plugins": "patchkit.patches.entry_points:vllm",
            "sglang.srt.plugins": "patchkit.patches.entry_points:sglang",
            "verl.plugins": "patchkit.patches.entry_points:verl_applied"}
 
