@@ -150,6 +150,7 @@ def test_the_wheel_and_the_sdist_carry_the_license_and_the_metadata(built):
     assert "Name: patchkit-rl" in header and "License-Expression: Apache-2.0" in header
     assert "Project-URL: Repository, https://" in header and "Classifier: Typing :: Typed" in header
     assert "Keywords: " in header and "Provides-Extra: matrix" in header
+    assert "Description-Content-Type: text/markdown" in header  # the index renders the README as Markdown
     with tarfile.open(built["sdist"]) as sdist:
         top = sdist.getnames()[0].split("/")[0]
         assert sdist.extractfile(f"{top}/LICENSE").read().decode() == license_text  # type: ignore[union-attr]
