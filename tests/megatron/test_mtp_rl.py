@@ -20,6 +20,7 @@ from mtp_checks import (
     OUTPUT_WEIGHT,
     assert_all_gradients_finite,
     assert_output_head_untouched_and_mtp_trains,
+    check_option_from_environment,
     grad_magnitude,
     mtp_only_backward,
     mtp_parameters,
@@ -119,16 +120,7 @@ def test_output_head_option_rejects_unknown_values(monkeypatch: pytest.MonkeyPat
 
     with pytest.raises(_mtp_options.MTPOptionError, match="detached, trained"):
         _mtp_options.configure(output_head="frozen")
-    monkeypatch.setenv(_mtp_options.OUTPUT_HEAD_ENV, "Trained")
-    _mtp_options.reset_default()
-    try:
-        assert _mtp_options.default_options().output_head == "trained"
-        monkeypatch.setenv(_mtp_options.OUTPUT_HEAD_ENV, "nope")
-        _mtp_options.reset_default()
-        with pytest.raises(_mtp_options.MTPOptionError, match="PATCHKIT_MTP_OUTPUT_HEAD"):
-            _mtp_options.default_options()
-    finally:
-        _mtp_options.reset_default()
+    check_option_from_environment(monkeypatch, "PATCHKIT_MTP_OUTPUT_HEAD", "Trained", "output_head", "trained")
 
 
 # 2. No NaN when a micro-batch (or a CP rank: test_mtp_context_parallel.py) has no loss token.
