@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from importlib.metadata import version
 from typing import Any
 
 import pytest
 import torch
+from packaging.version import Version
 from tiny_gpt import Batch
+
+#: The installed megatron-core release, which the MTP tests branch on.
+MCORE = Version(version("megatron-core"))
 
 ATOL = 1e-5
 

@@ -13,13 +13,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from importlib.metadata import version
 from typing import Any
 
 import pytest
 import torch
 from mtp_checks import (
     ATOL,
+    MCORE,
     check_option_from_environment,
     gradients,
     mtp_parameters,
@@ -31,8 +31,6 @@ from packaging.version import Version
 from tiny_gpt import VOCAB_SIZE, Batch
 
 import patchkit
-
-MCORE = Version(version("megatron-core"))
 
 pytestmark = pytest.mark.usefixtures("empty_mtp_tracker")
 

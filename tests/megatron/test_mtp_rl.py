@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from importlib.metadata import version
 from typing import Any
 
 import pytest
 import torch
 from mtp_checks import (
     ATOL,
+    MCORE,
     OUTPUT_WEIGHT,
     assert_all_gradients_finite,
     assert_output_head_untouched_and_mtp_trains,
@@ -39,8 +39,6 @@ from patchkit.patches.megatron.mtp._checks._mtp_recompute_probe import (
 from tiny_gpt import VOCAB_SIZE, Batch
 
 import patchkit
-
-MCORE = Version(version("megatron-core"))
 
 pytestmark = pytest.mark.usefixtures("empty_mtp_tracker")
 
