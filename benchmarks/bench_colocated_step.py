@@ -14,7 +14,7 @@ spec, bf16) with ModelOpt NVFP4 W4A16 QAT applied (its CUDA kernel), and a vLLM 
 
 Throughput is the model's bf16 bytes per second on each side; the figure is ``step GB/s`` and its ratio
 to the copy. It also checks that the refits reallocate no kernel tensor. Run on a GPU machine with
-vLLM's kernels (README "What ran on a GPU")::
+vLLM's kernels (docs/verification.md, "What ran on a GPU")::
 
     python benchmarks/bench_colocated_step.py [--layers 20] [--hidden 4096] [--ffn 14336] [--repeat 3]
 """

@@ -1,5 +1,5 @@
-"""`patchkit doctor` for the Megatron-Core catalogue patches added from the RL frameworks' inventory
-(issue 24): each self-check is verified on the installed release, and fails when the patch is
+"""`patchkit doctor` for the Megatron-Core catalogue patches added from the RL frameworks' inventory:
+each self-check is verified on the installed release, and fails when the patch is
 bypassed (upstream's code back while the status says applied) or, for a native claim, when
 upstream's behaviour is taken away."""
 

@@ -1,4 +1,4 @@
-"""Issue 23 items 1-2 against the real megatron-core on CPU: a forward without labels, and
+"""Two MTP behaviours against the real megatron-core on CPU: a forward without labels, and
 ``mtp_detach_inputs`` with several MTP depths.
 
 1. Without labels (a reference model's or a rollout's log-prob pass) the patched forward returns

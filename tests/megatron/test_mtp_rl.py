@@ -1,4 +1,4 @@
-"""The MTP fixes RL frameworks carry (issue 13), against the real megatron-core on CPU.
+"""The MTP fixes RL frameworks carry, against the real megatron-core on CPU.
 
 Output head detached for the MTP loss (verl #6432, slime), no NaN on a rank or micro-batch
 without loss tokens (verl #6464), dynamic CP group from the batch, per-model enablement, recompute
