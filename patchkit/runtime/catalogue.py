@@ -320,8 +320,8 @@ def load(package_name: str = CATALOGUE_PACKAGE) -> tuple[list[Registered | Index
         if unindexed or gone:
             logger.warning("patchkit: the index of %s is stale (regenerate it with `patchkit matrix catalogue`): "
                            "%s", package_name, "; ".join(
-                               [f"{m} is not in it and is imported now" for m in unindexed]
-                               + [f"{m} is gone and left out" for m in gone]))
+                               [f"{package_name}.{m} is not in it and is imported now" for m in unindexed]
+                               + [f"{package_name}.{m} is gone and left out" for m in gone]))
         _load_modules(package_name, unindexed, found, errors)
     return found, errors
 
