@@ -2,7 +2,8 @@
 
 The catalogue is found by listing ``patchkit.patches``: each sub-package is an upstream, and each of
 its modules not starting with ``_`` whose source assigns ``PATCHES`` at top level is a declaration
-module. Listing a folder costs far less than scanning entry points, and adding a patch touches no
+module; so is such a module inside a public family sub-package of an upstream
+(``patches/megatron/dist_checkpointing/``), one level deep. Listing a folder costs far less than scanning entry points, and adding a patch touches no
 central list. Public helper modules beside them (``router_replay_api``, ``refit``, ``plugin``: APIs
 for frameworks) assign no ``PATCHES`` and so are neither declarations nor imported at start-up.
 Modules named in ``PATCHKIT_EXTRA_PATCHES`` are imported by name and must define ``PATCHES``.
@@ -74,13 +75,23 @@ def _public_children(package_name: str) -> list[tuple[str, str, bool]]:
 
 
 def _declaration_modules(package_name: str) -> list[str]:
+    """Declaration modules of each upstream package and of its family sub-packages (one level deep)."""
     # os.scandir rather than pkgutil: same answer for source folders, without pkgutil's import cost.
-    return [
-        f"{package_name}.{upstream}.{module}"
-        for upstream, _, is_package in _public_children(package_name) if is_package
-        for module, path, is_subpackage in _public_children(f"{package_name}.{upstream}")
-        if not is_subpackage and declares_patches(path)
-    ]
+    found = []
+    for upstream, _, is_package in _public_children(package_name):
+        if not is_package:
+            continue
+        for module, path, is_subpackage in _public_children(f"{package_name}.{upstream}"):
+            if not is_subpackage:
+                if declares_patches(path):
+                    found.append(f"{package_name}.{upstream}.{module}")
+                continue
+            found.extend(
+                f"{package_name}.{upstream}.{module}.{name}"
+                for name, member_path, nested in _public_children(f"{package_name}.{upstream}.{module}")
+                if not nested and declares_patches(member_path)
+            )
+    return found
 
 
 def declarations(module_name: str) -> tuple[Patch, ...]:

@@ -79,8 +79,14 @@ class Module:
                    for node in self.tree.body)
 
     @property
+    def in_subpackage(self) -> bool:
+        """Inside a family sub-package (``megatron.dist_checkpointing.*``), not the family's ``_checks/``."""
+        return len(self.parts) >= 3 and not self.parts[1].startswith("_")
+
+    @property
     def is_public(self) -> bool:
-        return len(self.parts) == 2 and not self.leaf_name.startswith("_")
+        depth = 3 if self.in_subpackage else 2
+        return len(self.parts) == depth and not self.leaf_name.startswith("_")
 
 
 def _targets(node: ast.stmt) -> set[str]:
@@ -335,7 +341,7 @@ def test_self_checks_are_functions_of_the_checks_package(name):
     for reference in references:
         target, _, function = reference.partition(":")
         assert target.startswith(f".{CHECKS}."), f"{name}: {reference} is not in the family's {CHECKS}/"
-        checks = MODULES.get(f"{module.family}{target}")
+        checks = MODULES.get(".".join(module.parts[:-1]) + target)
         assert checks is not None, f"{name}: {reference} names a module that does not exist"
         defined = {n.name for n in checks.tree.body if isinstance(n, ast.FunctionDef)}
         assert function in defined, f"{name}: {checks.name} defines no {function}()"
@@ -358,10 +364,13 @@ def test_self_check_scaffolding_stays_in_checks(name):
 def test_every_module_has_a_place_in_the_layout(name):
     module = MODULES[name]
     depth = len(module.parts)
+    base = 3 if module.in_subpackage else 2  # a family sub-package is laid out as a family, one level down
     if depth == 1:
         assert module.is_package  # patches/<upstream>/__init__.py
-    elif depth == 2:
+    elif depth == 2 and module.is_package and not module.leaf_name.startswith("_"):
+        pass  # a family sub-package: patches/<upstream>/<family>/__init__.py
+    elif depth == base:
         assert not module.is_package or module.leaf_name == CHECKS, (
             f"{name}: a family holds modules and its {CHECKS}/ package, no other sub-package")
     else:
-        assert module.in_checks and depth == 3, f"{name}: only {CHECKS}/ nests, one level deep"
+        assert module.in_checks and depth == base + 1, f"{name}: only {CHECKS}/ nests, one level deep"
