@@ -7,8 +7,7 @@ redirected), so ``patchkit doctor`` on a CPU and the tests use one harness.
 from patchkit.patches.megatron._checks._cpu_stand_in import (  # noqa: F401
     cpu_megatron,
     destroy_parallel_state,
-    free_port,
     initialize_parallel_state,
 )
 
-__all__ = ["cpu_megatron", "destroy_parallel_state", "free_port", "initialize_parallel_state"]
+__all__ = ["cpu_megatron", "destroy_parallel_state", "initialize_parallel_state"]
