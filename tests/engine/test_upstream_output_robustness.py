@@ -109,8 +109,16 @@ def traced(tracer: DeliverSigint, operation: Callable[[], None]) -> BaseExceptio
     return None
 
 
+@pytest.fixture
+def ctrl_c_raises():
+    """SIGINT raises ``KeyboardInterrupt``, as in an interactive process (a background job starts with it ignored)."""
+    previous = _signal.signal(_signal.SIGINT, _signal.default_int_handler)
+    yield
+    _signal.signal(_signal.SIGINT, previous)
+
+
 @pytest.mark.skipif(sys.gettrace() is not None, reason="the sweep needs the trace hook to itself")
-def test_sigint_at_every_line_of_a_capture_restores_the_descriptors_and_the_logger(capfd):
+def test_sigint_at_every_line_of_a_capture_restores_the_descriptors_and_the_logger(capfd, ctrl_c_raises):
     capfd.readouterr()
     before = state_of_the_process()
     counter = DeliverSigint(None)
@@ -138,6 +146,7 @@ SIGINT_IN_A_CHILD = r"""
 import os, sys, io, _signal, logging
 from patchkit.upstream_output import captured
 
+_signal.signal(_signal.SIGINT, _signal.default_int_handler)  # also when started as a background job
 own = logging.getLogger("patchkit")
 handlers = list(own.handlers)
 fd1 = os.fstat(1).st_ino
@@ -173,6 +182,7 @@ def test_real_sigint_at_many_moments_of_captures_leaves_nothing_behind():
 
 def test_the_keyboard_interrupt_of_a_ctrl_c_during_the_block_reaches_the_real_stderr():
     script = ("import io, _signal\nfrom patchkit.upstream_output import captured\n"
+              "_signal.signal(_signal.SIGINT, _signal.default_int_handler)\n"
               "with captured(io.StringIO()):\n    print('upstream chatter')\n"
               "    _signal.raise_signal(_signal.SIGINT)\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
