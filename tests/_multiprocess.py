@@ -35,7 +35,9 @@ from pathlib import Path
 from typing import Any
 
 #: How long a rank waits for its peers in one collective or at start-up (torch's default: 30 minutes).
-GROUP_TIMEOUT = datetime.timedelta(seconds=120)
+#: Only a backstop: the parent ends the job as soon as a rank dies. Generous, because a peer may be
+#: building its model on a machine loaded many times over while this one waits in a collective.
+GROUP_TIMEOUT = datetime.timedelta(seconds=300)
 #: Default deadline of a whole job.
 JOB_TIMEOUT = 600.0
 
