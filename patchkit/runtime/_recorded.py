@@ -154,6 +154,8 @@ RECORDS = {
         'close-abort': (
             ((('megatron-core', '0.15.3'),), 'verified', (
             )),
+            ((('megatron-core', '0.16.1'),), 'verified', (
+            )),
             ((('megatron-core', '0.19.2'),), 'verified', (
             )),
         ),
@@ -170,6 +172,9 @@ RECORDS = {
             ((('megatron-core', '0.15.3'),), 'verified', (
                 ('megatron.core.dist_checkpointing.strategies.filesystem_async:FileSystemWriterAsync.get_save_function_and_args', '3697375ed91f4daa'),
             )),
+            ((('megatron-core', '0.16.1'),), 'verified', (
+                ('megatron.core.dist_checkpointing.strategies.filesystem_async:FileSystemWriterAsync.get_save_function_and_args', '3697375ed91f4daa'),
+            )),
             ((('megatron-core', '0.19.2'),), 'verified', (
                 ('megatron.core.dist_checkpointing.strategies.filesystem_async:FileSystemWriterAsync.get_save_function_and_args', 'a47221eabc37bda6'),
             )),
@@ -181,6 +186,9 @@ RECORDS = {
                 ('megatron.core.dist_checkpointing.strategies.torch:MCoreLoadPlanner.create_local_plan', 'd3239d69d1fb2525'),
             )),
             ((('megatron-core', '0.15.3'),), 'verified', (
+                ('megatron.core.dist_checkpointing.strategies.torch:MCoreLoadPlanner.create_local_plan', 'd3239d69d1fb2525'),
+            )),
+            ((('megatron-core', '0.16.1'),), 'verified', (
                 ('megatron.core.dist_checkpointing.strategies.torch:MCoreLoadPlanner.create_local_plan', 'd3239d69d1fb2525'),
             )),
             ((('megatron-core', '0.19.2'),), 'verified', (
@@ -195,6 +203,10 @@ RECORDS = {
                 ('megatron.core.dist_checkpointing.strategies.common:TorchCommonLoadStrategy.load_sharded_objects', 'ac63262fcd9a16c4'),
             )),
             ((('megatron-core', '0.15.3'),), 'verified', (
+                ('megatron.core.dist_checkpointing.strategies.common:TorchCommonLoadStrategy.load_common', 'f9b6541a11415f2e'),
+                ('megatron.core.dist_checkpointing.strategies.common:TorchCommonLoadStrategy.load_sharded_objects', 'ac63262fcd9a16c4'),
+            )),
+            ((('megatron-core', '0.16.1'),), 'verified', (
                 ('megatron.core.dist_checkpointing.strategies.common:TorchCommonLoadStrategy.load_common', 'f9b6541a11415f2e'),
                 ('megatron.core.dist_checkpointing.strategies.common:TorchCommonLoadStrategy.load_sharded_objects', 'ac63262fcd9a16c4'),
             )),
