@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import os
-import tempfile
 from collections.abc import Iterator
 from typing import Any
 from unittest import mock
@@ -31,13 +29,13 @@ def one_rank_gloo() -> Iterator[None]:
     if torch.distributed.is_initialized():
         yield
         return
-    with tempfile.TemporaryDirectory(prefix="patchkit-store-") as folder:
-        store = torch.distributed.FileStore(os.path.join(folder, "store"), 1)
-        torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=GROUP_TIMEOUT)
-        try:
-            yield
-        finally:
-            torch.distributed.destroy_process_group()
+    # One rank meets no one: an in-memory store, no file and no port.
+    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1,
+                                         timeout=GROUP_TIMEOUT)
+    try:
+        yield
+    finally:
+        torch.distributed.destroy_process_group()
 
 
 @contextlib.contextmanager
