@@ -150,6 +150,72 @@ RECORDS = {
             )),
         ),
     },
+    'megatron.dist_ckpt_async_queue_reset': {
+        'close-abort': (
+            ((('megatron-core', '0.15.3'),), 'verified', (
+            )),
+            ((('megatron-core', '0.16.1'),), 'verified', (
+            )),
+            ((('megatron-core', '0.19.2'),), 'verified', (
+            )),
+        ),
+        'close-without-abort': (
+            ((('megatron-core', '0.14.0'),), 'verified', (
+            )),
+        ),
+    },
+    'megatron.dist_ckpt_blocking_d2h': {
+        'megatron-core>=0.14,<0.20': (
+            ((('megatron-core', '0.14.0'),), 'verified', (
+                ('megatron.core.dist_checkpointing.strategies.filesystem_async:FileSystemWriterAsync.get_save_function_and_args', '3697375ed91f4daa'),
+            )),
+            ((('megatron-core', '0.15.3'),), 'verified', (
+                ('megatron.core.dist_checkpointing.strategies.filesystem_async:FileSystemWriterAsync.get_save_function_and_args', '3697375ed91f4daa'),
+            )),
+            ((('megatron-core', '0.16.1'),), 'verified', (
+                ('megatron.core.dist_checkpointing.strategies.filesystem_async:FileSystemWriterAsync.get_save_function_and_args', '3697375ed91f4daa'),
+            )),
+            ((('megatron-core', '0.19.2'),), 'verified', (
+                ('megatron.core.dist_checkpointing.strategies.filesystem_async:FileSystemWriterAsync.get_save_function_and_args', 'a47221eabc37bda6'),
+            )),
+        ),
+    },
+    'megatron.dist_ckpt_partial_load': {
+        'megatron-core>=0.14,<0.20': (
+            ((('megatron-core', '0.14.0'),), 'verified', (
+                ('megatron.core.dist_checkpointing.strategies.torch:MCoreLoadPlanner.create_local_plan', 'd3239d69d1fb2525'),
+            )),
+            ((('megatron-core', '0.15.3'),), 'verified', (
+                ('megatron.core.dist_checkpointing.strategies.torch:MCoreLoadPlanner.create_local_plan', 'd3239d69d1fb2525'),
+            )),
+            ((('megatron-core', '0.16.1'),), 'verified', (
+                ('megatron.core.dist_checkpointing.strategies.torch:MCoreLoadPlanner.create_local_plan', 'd3239d69d1fb2525'),
+            )),
+            ((('megatron-core', '0.19.2'),), 'verified', (
+                ('megatron.core.dist_checkpointing.strategies.torch:MCoreLoadPlanner.create_local_plan', 'd3239d69d1fb2525'),
+            )),
+        ),
+    },
+    'megatron.dist_ckpt_safe_load': {
+        'common-strategy-safe-globals': (
+            ((('megatron-core', '0.14.0'),), 'verified', (
+                ('megatron.core.dist_checkpointing.strategies.common:TorchCommonLoadStrategy.load_common', 'f9b6541a11415f2e'),
+                ('megatron.core.dist_checkpointing.strategies.common:TorchCommonLoadStrategy.load_sharded_objects', 'ac63262fcd9a16c4'),
+            )),
+            ((('megatron-core', '0.15.3'),), 'verified', (
+                ('megatron.core.dist_checkpointing.strategies.common:TorchCommonLoadStrategy.load_common', 'f9b6541a11415f2e'),
+                ('megatron.core.dist_checkpointing.strategies.common:TorchCommonLoadStrategy.load_sharded_objects', 'ac63262fcd9a16c4'),
+            )),
+            ((('megatron-core', '0.16.1'),), 'verified', (
+                ('megatron.core.dist_checkpointing.strategies.common:TorchCommonLoadStrategy.load_common', 'f9b6541a11415f2e'),
+                ('megatron.core.dist_checkpointing.strategies.common:TorchCommonLoadStrategy.load_sharded_objects', 'ac63262fcd9a16c4'),
+            )),
+        ),
+        'native-dcp-common-state': (
+            ((('megatron-core', '0.19.2'),), 'native', (
+            )),
+        ),
+    },
     'megatron.mla_thd_cp_rope': {
         'full-table-for-cp-group': (
             ((('megatron-core', '0.14.0'),), 'verified', (

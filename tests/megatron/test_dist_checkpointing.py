@@ -15,8 +15,6 @@ from importlib.metadata import version
 
 import pytest
 import torch
-
-import patchkit
 from patchkit.patches.megatron._errors import AsyncCallsPendingError, DistCheckpointingError
 from patchkit.patches.megatron.dist_checkpointing._checks import (
     dist_ckpt_async_queue_reset,
@@ -25,6 +23,8 @@ from patchkit.patches.megatron.dist_checkpointing._checks import (
     dist_ckpt_safe_load,
 )
 from patchkit.patches.megatron.dist_checkpointing._checks._roundtrip import load, one_rank_gloo, outcome, save, sharded
+
+import patchkit
 from patchkit.selfcheck import CheckContext, SelfCheckFailed, upstream_behaviour
 
 RELEASE = tuple(int(part) for part in version("megatron-core").split(".")[:2])

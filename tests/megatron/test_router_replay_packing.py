@@ -226,3 +226,23 @@ def test_api_module_imports_neither_torch_nor_megatron():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def _fp8_recipes():
+    from megatron.core.enums import Fp8Recipe
+
+    return list(Fp8Recipe)
+
+
+@pytest.mark.parametrize("tp", [1, 3])
+@pytest.mark.parametrize("recipe", _fp8_recipes(), ids=lambda recipe: recipe.value)
+def test_fp8_sample_alignment_follows_the_recipe_as_upstream_get_fp8_align_size(recipe, tp):
+    from megatron.core.fp8_utils import get_fp8_align_size
+
+    config = types.SimpleNamespace(fp8="e4m3", fp8_recipe=recipe, tensor_model_parallel_size=tp,
+                                   context_parallel_size=1)
+    expected = math.lcm(get_fp8_align_size(recipe), tp)
+    from_config = _layout([3, 5], config=config)
+    by_name = _layout([3, 5], tp_size=tp, fp8_padding=True, fp8_recipe=recipe.value)
+    assert from_config.cu_seqlens_padded.tolist()[1] == expected
+    assert by_name.cu_seqlens_padded.tolist() == from_config.cu_seqlens_padded.tolist()

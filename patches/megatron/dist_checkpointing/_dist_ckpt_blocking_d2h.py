@@ -38,7 +38,7 @@ def blocking_preload(preload_fn: Any) -> Any:
     args = preload_fn.args[:position]  # drop the positional non_blocking and anything after it
     keywords = {**preload_fn.keywords, NON_BLOCKING: False}
     if len(preload_fn.args) > position + 1:
-        keywords.update(zip(names[position + 1:], preload_fn.args[position + 1:]))
+        keywords.update(zip(names[position + 1:], preload_fn.args[position + 1:], strict=False))
     return functools.partial(preload_fn.func, *args, **keywords)
 
 

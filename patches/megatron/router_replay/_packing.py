@@ -44,6 +44,8 @@ FP8_PADDED_FORMATS = ("e4m3", "hybrid")
 
 _FP8_SEQUENCE_MULTIPLE = 16
 _FP8_TOTAL_MULTIPLE = 128
+_MXFP8_SEQUENCE_MULTIPLE = 32
+_MXFP8_RECIPE = "mxfp8"
 
 Fill = Union[int, str]
 
@@ -120,6 +122,13 @@ def uses_fp8_padding(config: Any) -> bool:
     return get_field(config, "fp8", None) in FP8_PADDED_FORMATS
 
 
+def fp8_align_size(fp8_recipe: Any) -> int:
+    """The per-sequence FP8 alignment for ``fp8_recipe`` (a ``Fp8Recipe``, its name, or None), as
+    megatron-core's ``fp8_utils.get_fp8_align_size``: 32 for MXFP8 (its GEMMs block by 32), else 16."""
+    name = getattr(fp8_recipe, "value", fp8_recipe)
+    return _MXFP8_SEQUENCE_MULTIPLE if name == _MXFP8_RECIPE else _FP8_SEQUENCE_MULTIPLE
+
+
 def _as_mask(
     valid: Union[torch.Tensor, Sequence[int]], seq_len: Optional[int], device: Optional[torch.device]
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
@@ -178,6 +187,7 @@ def thd_layout(
     fp8_padding: Optional[bool] = None,
     num_experts: Optional[int] = None,
     device: Optional[torch.device] = None,
+    fp8_recipe: Any = None,
 ) -> ThdLayout:
     """The packed layout of a batch, with the padding the model input was built with.
 
@@ -195,6 +205,9 @@ def thd_layout(
         config: a ``TransformerConfig`` or any object; ``fp8``, ``tensor_model_parallel_size`` and
             ``context_parallel_size`` are probed on it (absent means no FP8, size 1).
         tp_size, cp_size, fp8_padding: override what ``config`` says.
+        fp8_recipe: the FP8 recipe (default: ``config.fp8_recipe``): with FP8 padding, each sample is
+            padded to ``lcm(fp8_align_size(recipe), tp [* 2 * cp])``, as upstream's
+            ``get_fp8_align_size`` asks (32 for ``"mxfp8"``, else 16).
     """
     tp = int(tp_size if tp_size is not None else get_field(config, "tensor_model_parallel_size", 1))
     cp = int(cp_size if cp_size is not None else get_field(config, "context_parallel_size", 1))
@@ -203,7 +216,8 @@ def thd_layout(
     fp8 = uses_fp8_padding(config) if fp8_padding is None else bool(fp8_padding)
     experts = num_experts if num_experts is not None else get_field(config, "num_moe_experts", None)
     align = tp * cp * 2 if cp > 1 else tp
-    sequence_align = math.lcm(_FP8_SEQUENCE_MULTIPLE, align) if fp8 else align
+    recipe = fp8_recipe if fp8_recipe is not None else get_field(config, "fp8_recipe", None)
+    sequence_align = math.lcm(fp8_align_size(recipe), align) if fp8 else align
 
     mask, given_lengths = _as_mask(valid, seq_len, device)
     batch, width = mask.shape

@@ -24,7 +24,8 @@ def check_dist_ckpt_blocking_d2h(context: CheckContext) -> None:
     with one_rank_gloo(), tempfile.TemporaryDirectory(prefix="patchkit-ckpt-") as directory:
         state = {"weights": sharded("weights", _WEIGHTS.clone())}
         # 0.17+ default to NVIDIA Resiliency Extension's writer; megatron's own is the one patched.
-        mcore_writer = {"async_strategy": "mcore"} if "async_strategy" in signature(dist_checkpointing.save).parameters else {}
+        takes_strategy = "async_strategy" in signature(dist_checkpointing.save).parameters
+        mcore_writer = {"async_strategy": "mcore"} if takes_strategy else {}
         request = dist_checkpointing.save(state, directory, async_sharded_save=True, **mcore_writer)
         preload = request.preload_fn
         expect(preload is not None and preload.keywords.get("non_blocking") is False,
