@@ -1,8 +1,9 @@
 """Ships patchkit's start-up hook at the root of site-packages: a ``.pth`` file, and its PEP 829
 ``.start`` twin with the small module it names.
 
-Everything else about the package is declared in pyproject.toml; this file exists only because
-setuptools has no declarative way to put a file outside a package. ``build_py`` writes the hook
+Everything else about the package is declared in pyproject.toml, but for its package list, found
+here from the folders. This file exists because setuptools has no declarative way to put a file
+outside a package. ``build_py`` writes the hook
 next to the packages in ``build_lib`` (so ``pip install .`` and wheels carry it); for an editable
 install (PEP 660) setuptools keeps only what its own editable strategy generates from ``build_lib``,
 so the hook is written straight into the editable wheel's root, which ``editable_wheel`` exposes as
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import os
 
-from setuptools import setup
+from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 
 #: Sorts after ``__editable__.*.pth`` and most path-extending ``.pth`` files of the same folder, so
@@ -77,4 +78,13 @@ class build_py_with_hook(build_py):
         return outputs
 
 
-setup(cmdclass={"build_py": build_py_with_hook})
+def catalogue_packages() -> list[str]:
+    """Every package of the engine and of the catalogue, found from the folders: ``patches/`` is the
+    catalogue's source folder and ships only as ``patchkit.patches``, whose families and their
+    ``_checks`` folders are packages too. Listing them by hand cost an edit per new family."""
+    engine = ["patchkit", *(f"patchkit.{name}" for name in find_packages("patchkit"))]
+    catalogue = ["patchkit.patches", *(f"patchkit.patches.{name}" for name in find_packages("patches"))]
+    return engine + catalogue
+
+
+setup(packages=catalogue_packages(), cmdclass={"build_py": build_py_with_hook})
