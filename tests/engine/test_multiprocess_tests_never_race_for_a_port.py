@@ -4,8 +4,9 @@ ranks through ``tests/_multiprocess.py``.
 A port found free (bind port 0, read it, close) and bound moments later by a rank can be taken in
 between by any other process on the machine: the rank fails with ``EADDRINUSE`` and its peers wait for
 it. Process groups meet through a file store (``tests/_multiprocess.rendezvous``), a group of one on an
-in-memory or file store given as ``store=``, or a server that binds port 0 itself (torchrun ``--standalone``). Ranks are started by
-``spawn_ranks``/``run_rank_commands``, which bound every wait and kill every rank when one fails.
+in-memory or file store given as ``store=``, or a server that binds port 0 itself (torchrun
+``--standalone``). Ranks are started by ``spawn_ranks``/``run_rank_commands``, which bound every
+wait and kill every rank when one fails.
 """
 
 from __future__ import annotations
