@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 
 def _run_two_ranks(patched: bool, folder) -> dict[int, tuple[bool, bool]]:
-    outcome = spawn_ranks(context_parallel_zero_mask_rank, 2, (2, rendezvous(folder), patched), timeout=300)
+    outcome = spawn_ranks(context_parallel_zero_mask_rank, 2, (2, rendezvous(folder), patched), timeout=900)
     return dict(enumerate(outcome))
 
 

@@ -15,5 +15,5 @@ pytestmark = pytest.mark.slow
 
 
 def test_tp2_mtp_losses_equal_upstreams_and_the_head_stays_detached(tmp_path) -> None:
-    outcome = spawn_ranks(tensor_parallel_mtp_rank, 2, (2, rendezvous(tmp_path)), timeout=400)
+    outcome = spawn_ranks(tensor_parallel_mtp_rank, 2, (2, rendezvous(tmp_path)), timeout=900)
     assert outcome == [(True, 0.0, True, True), (True, 0.0, True, True)], outcome
