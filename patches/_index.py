@@ -15,7 +15,8 @@ FOLDERS = {
     '': ('bridge', 'entry_points.py', 'megatron', 'modelopt', 'vllm'),
     'bridge': ('qat', 'signal_handler_main_thread.py'),
     'bridge.qat': ('expert_local_to_global.py', 'expert_sort_key.py', 'modelopt_layer_spec.py', 'quant_linear_parallelism.py', 'skip_quantizer_params.py'),
-    'megatron': ('gpt', 'memory', 'moe', 'mtp', 'parallel', 'rope', 'router_replay'),
+    'megatron': ('dist_checkpointing', 'gpt', 'memory', 'moe', 'mtp', 'parallel', 'rope', 'router_replay'),
+    'megatron.dist_checkpointing': ('dist_ckpt_async_queue_reset.py', 'dist_ckpt_blocking_d2h.py', 'dist_ckpt_partial_load.py', 'dist_ckpt_safe_load.py'),
     'megatron.gpt': ('output_processor.py',),
     'megatron.memory': ('tms_hook_mode.py',),
     'megatron.moe': ('moe_recompute_release.py', 'swiglu_singleton_local_shards.py'),
@@ -46,6 +47,18 @@ DECLARATIONS = {
     ),
     'bridge.signal_handler_main_thread': (
         ('bridge.signal_handler_main_thread', False, (('megatron-bridge', 'megatron.bridge'),), ('megatron.bridge.training.utils.sig_utils',)),
+    ),
+    'megatron.dist_checkpointing.dist_ckpt_async_queue_reset': (
+        ('megatron.dist_ckpt_async_queue_reset', False, (('megatron-core', 'megatron.core'),), ('megatron.core.dist_checkpointing.strategies.async_utils',)),
+    ),
+    'megatron.dist_checkpointing.dist_ckpt_blocking_d2h': (
+        ('megatron.dist_ckpt_blocking_d2h', True, (('megatron-core', 'megatron.core'),), ('megatron.core.dist_checkpointing.strategies.filesystem_async',)),
+    ),
+    'megatron.dist_checkpointing.dist_ckpt_partial_load': (
+        ('megatron.dist_ckpt_partial_load', True, (('megatron-core', 'megatron.core'),), ('megatron.core.dist_checkpointing.strategies.torch',)),
+    ),
+    'megatron.dist_checkpointing.dist_ckpt_safe_load': (
+        ('megatron.dist_ckpt_safe_load', False, (('megatron-core', 'megatron.core'),), ('megatron.core.dist_checkpointing.strategies.common',)),
     ),
     'megatron.gpt.output_processor': (
         ('megatron.output_processor', False, (('megatron-core', 'megatron.core'),), ('megatron.core.models.gpt.gpt_model',)),
