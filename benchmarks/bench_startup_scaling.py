@@ -35,8 +35,10 @@ PATCHES = (
         removal="Never: it exists only in a temporary catalogue.",
         version_modules={{{dist!r}: {module!r}}},
         variants=(
-            Variant(requires={{{dist!r}: ">=0.1,<0.18"}}, installs=(Wrap("{module}.bench_{n:03d}:forward", "._impl:wrap"),)),
-            Variant(requires={{{dist!r}: ">=0.18"}}, installs=(Wrap("{module}.bench_{n:03d}:forward", "._impl:wrap"),)),
+            Variant(requires={{{dist!r}: ">=0.1,<0.18"}},
+                    installs=(Wrap("{module}.bench_{n:03d}:forward", "._impl:wrap"),)),
+            Variant(requires={{{dist!r}: ">=0.18"}},
+                    installs=(Wrap("{module}.bench_{n:03d}:forward", "._impl:wrap"),)),
         ),
     ),
 )
@@ -114,8 +116,9 @@ def main() -> None:
             f"catalogue read from its index + Engine + apply_all(), {label}, {args.runs} alternated processes: "
             f"shipped catalogue ({alone[0][2]} patches) median {statistics.median(a):.2f} ms (min {min(a):.2f}); "
             f"plus {args.count} declarations of {args.dist} (installed, not imported) median "
-            f"{statistics.median(m):.2f} ms (min {min(m):.2f}); added {statistics.median(m) - statistics.median(a):+.2f} "
-            f"ms (min to min {min(m) - min(a):+.2f}){' (goal: at most +1 ms)' if label == 'cpu' else ''}\n")
+            f"{statistics.median(m):.2f} ms (min {min(m):.2f}); "
+            f"added {statistics.median(m) - statistics.median(a):+.2f} ms (min to min {min(m) - min(a):+.2f})"
+            f"{' (goal: at most +1 ms)' if label == 'cpu' else ''}\n")
 
 
 if __name__ == "__main__":

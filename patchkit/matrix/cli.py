@@ -1,4 +1,4 @@
-"""``patchkit matrix check | record | static | index | catalogue | outdated | merge | table``, added to ``patchkit`` by cli.py."""
+"""``patchkit matrix check | record | static | index | catalogue | outdated | merge | table``, added by cli.py."""
 
 from __future__ import annotations
 

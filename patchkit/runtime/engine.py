@@ -73,8 +73,8 @@ class Engine:
     and embedders may build their own from explicit ``Registered`` patches.
     """
 
-    def __init__(self, patches: Iterable[Registered | Indexed] = (), catalogue_errors: Iterable[CatalogueLoadFailure] = (),
-                 matrix: "RecordSource" = None) -> None:
+    def __init__(self, patches: Iterable[Registered | Indexed] = (),
+                 catalogue_errors: Iterable[CatalogueLoadFailure] = (), matrix: "RecordSource" = None) -> None:
         if not (matrix is None or callable(matrix) or isinstance(matrix, Mapping)):
             raise TypeError(f"Engine(matrix=...) takes records, not {type(matrix).__name__}: for a matrix file or "
                             f"a loaded Matrix, pass patchkit.matrix.index.source(it)")

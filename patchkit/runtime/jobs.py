@@ -82,6 +82,7 @@ def confirm_declaration(engine: "Engine", job: Job) -> bool:
     """
     entry, module = job.entry, job.entry.registered.declared_in
     assert module is not None
+    problem: Exception | None
     try:
         declared: Patch | None = catalogue.declared(module, entry.patch.id)
         problem = None if declared is not None else DeclarationError(

@@ -8,6 +8,7 @@ its patches target. The shipped catalogue's own index is checked against its dec
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import json
 import logging
 import os
@@ -301,8 +302,12 @@ def test_without_an_index_every_declaration_module_is_imported(toy_catalogue):
 
 def test_apply_all_imports_no_module_of_an_upstream_that_is_not_installed_yet_status_sees_every_patch():
     code = textwrap.dedent("""
-        import importlib.util, json, sys
-        assert importlib.util.find_spec("vllm") is None, "this test needs an environment without vLLM"
+        import importlib.metadata, json, sys
+        try:
+            importlib.metadata.distribution("vllm")
+            raise SystemExit("this test needs an environment without vLLM")
+        except importlib.metadata.PackageNotFoundError:
+            pass
         import patchkit
         statuses = patchkit.apply_all()
         loaded = sorted(m for m in sys.modules if m.startswith("patchkit.patches.vllm"))
@@ -310,8 +315,11 @@ def test_apply_all_imports_no_module_of_an_upstream_that_is_not_installed_yet_st
                               and not m.startswith("patchkit.patches._index"))
         print(json.dumps({"vllm": loaded, "declarations": declarations, "ids": [s.id for s in statuses]}))
     """)
-    if importlib.util.find_spec("vllm") is not None:
+    try:
+        importlib.metadata.distribution("vllm")
         pytest.skip("vLLM is installed in this environment")
+    except importlib.metadata.PackageNotFoundError:
+        pass
     env = {k: v for k, v in os.environ.items() if not k.startswith("PATCHKIT_")}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == 0, result.stderr
@@ -321,3 +329,29 @@ def test_apply_all_imports_no_module_of_an_upstream_that_is_not_installed_yet_st
     scanned, _ = catalogue.scan()
     assert sorted(found["ids"]) == sorted(r.patch.id for r in scanned)
     assert any(i.startswith("vllm.") for i in found["ids"])
+
+
+def test_a_lazily_loaded_patch_installs_all_or_nothing(toy_catalogue):
+    """Atomic on the lazy path too: a second target missing upstream leaves the first untouched."""
+    up = toy_catalogue.upstream
+    (toy_catalogue.folder / "pair.py").write_text(textwrap.dedent(f'''
+        from patchkit import Patch, Variant, Wrap
+        PATCHES = (Patch(
+            id="toy.pair", summary="s", why="w", upstream="u", removal="r",
+            version_modules={{{up.dist!r}: {up.package!r}}},
+            variants=(Variant(requires={{{up.dist!r}: ">=1"}}, installs=(
+                Wrap({up.target("Model.forward")!r}, "._impl:plus_100"),
+                Wrap({up.target("Model.no_such_method")!r}, "._impl:plus_100"),
+            )),),
+        ),)
+    '''))
+    toy_catalogue.write_index()
+    engine = toy_catalogue.engine()
+    try:
+        engine.apply_all(disable="toy.forward")
+        core = up.import_core()
+        status = engine.status("toy.pair")[0]
+        assert (status.state, status.reason) == (State.SKIPPED, Reason.TARGET_MISSING)
+        assert core.Model().forward(1) == 2
+    finally:
+        engine.revert_all()
