@@ -130,8 +130,8 @@ def switched_off(patch: Patch, settings: Settings) -> Decision | None:
     """The skip that ``PATCHKIT_ENABLE``/``PATCHKIT_DISABLE`` (or opt-in) decide, or None. The first
     step of :func:`decide`, on its own because it needs no facts: a switched-off patch costs nothing."""
     if not settings.is_enabled(patch.id, patch.opt_in):
-        if patch.opt_in and settings.enable is None:
-            return Decision(State.SKIPPED, Reason.OPT_IN, "opt-in: enable with PATCHKIT_ENABLE")
+        if patch.opt_in:
+            return Decision(State.SKIPPED, Reason.OPT_IN, f"opt-in: enable with PATCHKIT_OPT_IN={patch.id}")
         return Decision(State.SKIPPED, Reason.DISABLED, "not in PATCHKIT_ENABLE")
     if settings.is_disabled(patch.id):
         return Decision(State.SKIPPED, Reason.DISABLED, "disabled by PATCHKIT_DISABLE")
