@@ -15,7 +15,7 @@ from ._version import __version__ as __version__
 from .runtime import probing, process_engine
 from .runtime.catalogue import Registered
 from .runtime.declaration import Add, Call, Patch, Replace, Target, Variant, Wrap
-from .runtime.engine import Engine, warn
+from .runtime.engine import Engine, first_time, warn
 from .runtime.errors import (
     ConfigError,
     DeclarationError,
@@ -82,8 +82,9 @@ def register_extra_patches(environ: Mapping[str, str] | None = None) -> None:
     except ConfigError:
         return
     for problem in problems:
-        logging.getLogger("patchkit").error("patchkit: %s", problem)
-        warn(f"patchkit: {problem}")
+        if first_time(f"patchkit: {problem}"):  # once per process, however often the module is retried
+            logging.getLogger("patchkit").error("patchkit: %s", problem)
+            warn(f"patchkit: {problem}")
 
 
 def apply(*patterns: str, import_targets: bool = False, strict: bool | None = None) -> list[PatchStatus]:

@@ -183,7 +183,8 @@ def _status(args: argparse.Namespace) -> int:
             else:
                 progress = report if (report.isatty() or verbose) else None
                 problems = environment.import_upstreams(eng.status(), upstreams, progress)
-                records = eng.import_targets()
+                with environment.said_once(problems, upstreams):
+                    records = eng.import_targets()
     finally:
         report.close()
     notes = _blocked_notes(records, upstreams, problems)
@@ -313,13 +314,18 @@ def _missing_tooling(exc: ModuleNotFoundError) -> bool:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit:  # --help, --version, a usage error: what it wrote must reach a closed pipe now
+        sys.stdout.flush()
+        raise
     logging.basicConfig(level=logging.INFO if _verbose(args) else logging.WARNING, format="%(message)s")
     problems: tuple[ConfigError, ...] = ()
     try:
         with warnings.catch_warnings():
-            # The command says configuration problems itself, once, naming the variable.
-            warnings.filterwarnings("ignore", category=PatchkitWarning, message="patchkit: PATCHKIT_")
+            # The command says configuration problems itself, once, naming the variable, and its
+            # logging shows the others: a PatchkitWarning would repeat them, pointing at this code.
+            warnings.filterwarnings("ignore", category=PatchkitWarning)
             if getattr(args, "config", None):
                 problems = config_problems(_registered())
                 _say_config_problems(problems)

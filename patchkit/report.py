@@ -92,7 +92,17 @@ def describe(patch: Patch, verbose: bool = False) -> str:
             lines.append(f"      {type(action).__name__.lower():8} {where}")
     if not verbose:
         lines.append(f"  removal: {patch.removal}")
-    return "\n".join(lines)
+    return "\n".join(wrapped for line in lines for wrapped in _wrap(line))
+
+
+def _wrap(line: str, width: int = WIDTH) -> list[str]:
+    """A line of prose within ``width`` columns, its continuation indented under its text."""
+    if len(line) <= width:
+        return [line]
+    import textwrap
+
+    indent = " " * (len(line) - len(line.lstrip()) + 2)
+    return textwrap.wrap(line, width, subsequent_indent=indent, break_on_hyphens=False)
 
 
 def patch_dict(patch: Patch) -> dict[str, Any]:

@@ -61,9 +61,9 @@ def _table(verdicts: list[doctor.Verdict], facts: dict[str, Any], full: bool) ->
         lines += lines_within(f"{_SYMBOLS[v.verdict]:<4} {v.id:<{width}}  {v.verdict:<14} {v.seconds:6.1f} s",
                               v.message, WIDTH, full)
     counts = {name: sum(v.verdict == name for v in verdicts) for name in _SYMBOLS}
-    lines.append(f"doctor: {', '.join(f'{n} {k}' for k, n in counts.items() if n or k != doctor.BLOCKED)} on "
-                 f"{facts['device']} (import and apply {facts['import_and_apply_seconds']:.1f} s, "
-                 f"total {facts['total_seconds']:.1f} s)")
+    summary = f"doctor: {', '.join(f'{n} {k}' for k, n in counts.items() if n or k != doctor.BLOCKED)}"
+    lines += lines_within(f"{summary} on {facts['device']}", f"(import and apply {facts['import_and_apply_seconds']:.1f}"
+                          f" s, total {facts['total_seconds']:.1f} s)", WIDTH, True)
     return "\n".join(lines)
 
 

@@ -10,15 +10,17 @@ of as one failure per patch of that upstream.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.metadata
+import logging
 import importlib.util
 import re
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Iterable, Mapping, Sequence
+from typing import IO, Any, Iterable, Iterator, Mapping, Sequence
 
 from ..runtime import distinfo, pep440
 from ..runtime.status import PatchStatus, State
@@ -214,3 +216,32 @@ def blocked_by(status: PatchStatus, distribution: str | None, problems: Sequence
     if status.state is not State.FAILED or distribution is None:
         return None
     return next((p for p in problems if p.distribution == distribution), None)
+
+
+class _HoldBackBlocked(logging.Filter):
+    """Drops the engine's "<patch>: importing <module> failed" errors for patches of an upstream
+    already reported as an environment problem: said once there, not once per patch."""
+
+    def __init__(self, blocked: set[str], distribution_of: Mapping[str, str]) -> None:
+        super().__init__()
+        self.blocked, self.distribution_of = blocked, distribution_of
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not ("importing %s failed" in str(record.msg) and args
+                    and self.distribution_of.get(str(args[0])) in self.blocked)
+
+
+@contextlib.contextmanager
+def said_once(problems: Sequence[Problem], distribution_of: Mapping[str, str]) -> Iterator[None]:
+    """For the block, hold back per-patch import errors of the upstreams in ``problems``."""
+    if not problems:
+        yield
+        return
+    own = logging.getLogger("patchkit")
+    held = _HoldBackBlocked({p.distribution for p in problems}, distribution_of)
+    own.addFilter(held)
+    try:
+        yield
+    finally:
+        own.removeFilter(held)

@@ -275,9 +275,10 @@ def run(patterns: Sequence[str] = (), device: str = "auto", timeout: float = DEF
         if selected:
             ids = [r.patch.id for r in selected]
             engine.apply(*ids)  # opt-ins among them included: they wait for their modules now
-            problems = environment.import_upstreams(engine.status(*ids), {i: d for i, d in upstreams.items() if d},
-                                                    progress)
-            engine.apply(*ids, import_targets=True)
+            known = {i: d for i, d in upstreams.items() if d}
+            problems = environment.import_upstreams(engine.status(*ids), known, progress)
+            with environment.said_once(problems, known):
+                engine.apply(*ids, import_targets=True)
     statuses = {s.id: s for s in engine.status()}
     import_seconds = time.perf_counter() - started
     verdicts = []

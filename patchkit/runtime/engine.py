@@ -534,11 +534,17 @@ def report_config_problem(problem: ConfigError) -> None:
     """Say ``problem`` and what it costs, once per process: a ``PatchkitWarning`` attributed to the
     user's code (it reaches the user with no logging configured), and a debug record for logs."""
     message = f"patchkit: {problem} ({settings_module.consequence(problem)})"
+    if first_time(message):
+        logger.debug("%s", message)
+        warn(message)
+
+
+def first_time(message: str) -> bool:
+    """Whether ``message`` is said for the first time in this process (and from now on, it was)."""
     if message in _reported_problems:
-        return
+        return False
     _reported_problems.add(message)
-    logger.debug("%s", message)
-    warn(message)
+    return True
 
 
 def warn(message: str) -> None:
