@@ -25,6 +25,8 @@ def patchkit_command(*args: str, env: dict[str, str] | None = None, stdin_closed
     """``python -m patchkit ARGS`` (or the entry point after ``prelude``) with no PATCHKIT_* set but ``env``."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("PATCHKIT_")}
     clean.update(env or {})
+    if env and "PYTHONPATH" in env and os.environ.get("PYTHONPATH"):  # keep the parent's path after the test's
+        clean["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], os.environ["PYTHONPATH"]])
     if prelude:
         code = f"{prelude}\nimport sys\nsys.argv = ['patchkit', *{list(args)!r}]\nfrom patchkit.cli import main\n" \
                "sys.exit(main())"
