@@ -8,7 +8,6 @@ from typing import Any, Iterable, Mapping
 from .runtime.declaration import Call, Patch
 from .runtime.status import PatchStatus
 
-
 #: Columns a line of a human report may take: a terminal, a CI log, a pasted issue.
 WIDTH = 100
 #: What marks text cut short to fit; ``--verbose``/``--json`` show the whole of it.

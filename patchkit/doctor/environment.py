@@ -13,8 +13,8 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.metadata
-import logging
 import importlib.util
+import logging
 import re
 import sys
 import time
