@@ -62,8 +62,9 @@ def _table(verdicts: list[doctor.Verdict], facts: dict[str, Any], full: bool) ->
                               v.message, WIDTH, full)
     counts = {name: sum(v.verdict == name for v in verdicts) for name in _SYMBOLS}
     summary = f"doctor: {', '.join(f'{n} {k}' for k, n in counts.items() if n or k != doctor.BLOCKED)}"
-    timing = f"(import and apply {facts['import_and_apply_seconds']:.1f} s, total {facts['total_seconds']:.1f} s)"
-    lines += lines_within(f"{summary} on {facts['device']}", timing, WIDTH, True)
+    done = f"{summary} on {facts['device']} in {facts['total_seconds']:.1f} s"
+    timing = f" (import and apply {facts['import_and_apply_seconds']:.1f} s)"
+    lines.append(done + timing if len(done + timing) <= WIDTH else done)  # one line, the last
     return "\n".join(lines)
 
 

@@ -137,7 +137,7 @@ def _load(environ: Mapping[str, str] | None, strict: bool | None) -> Outcome:
         said = f"{problem} ({settings.consequence(problem)})"
         if isinstance(problem, UnknownVariableError):
             logger.warning("patchkit: autoload: %s", said)
-        else:
+        elif str(problem) not in problems:  # an unreadable switch is there already, as config_error
             problems.append(said)
     _outcome = Outcome(ran=True, extra_modules=modules, problems=tuple(dict.fromkeys(problems)))
     return _outcome

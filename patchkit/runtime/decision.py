@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple
 from . import gating
 from .declaration import Patch, Variant
 from .errors import ForceRefusedError, PatchkitError, UnsupportedVersionError
-from .settings import Settings
+from .settings import OPT_IN, Settings
 from .status import Reason, State
 from .versions import InstalledVersion, Outcome, select_variant
 
@@ -131,7 +131,7 @@ def switched_off(patch: Patch, settings: Settings) -> Decision | None:
     step of :func:`decide`, on its own because it needs no facts: a switched-off patch costs nothing."""
     if not settings.is_enabled(patch.id, patch.opt_in):
         if patch.opt_in:
-            return Decision(State.SKIPPED, Reason.OPT_IN, f"opt-in: enable with PATCHKIT_OPT_IN={patch.id}")
+            return Decision(State.SKIPPED, Reason.OPT_IN, f"opt-in: enable with {OPT_IN}={patch.id}")
         return Decision(State.SKIPPED, Reason.DISABLED, "not in PATCHKIT_ENABLE")
     if settings.is_disabled(patch.id):
         return Decision(State.SKIPPED, Reason.DISABLED, "disabled by PATCHKIT_DISABLE")
