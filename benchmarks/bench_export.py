@@ -19,13 +19,13 @@ reported against the largest weight (goal: <= 2x). Run::
 
 from __future__ import annotations
 
-import argparse
 import resource
 import statistics
 import time
 
 import torch
-from patchkit.patches.modelopt._nvfp4_pack import quantize_nvfp4
+from _options import integer_options
+from patchkit.patches.modelopt.qat._nvfp4_pack import quantize_nvfp4
 
 
 def layer_weights(hidden: int, ffn: int, heads: int, groups: int, device: str) -> list[torch.Tensor]:
@@ -76,19 +76,13 @@ def peak_extra_bytes(weights, amaxes, device: str, backend: str = "auto") -> int
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = integer_options(__doc__, layers=2, hidden=4096, ffn=14336, heads=32, groups=8, repeat=3)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--hidden", type=int, default=4096)
-    parser.add_argument("--ffn", type=int, default=14336)
-    parser.add_argument("--heads", type=int, default=32)
-    parser.add_argument("--groups", type=int, default=8)
-    parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile the per-slice quantize-and-pack (fuses its elementwise passes)")
     args = parser.parse_args()
     if args.compile:
-        from patchkit.patches.modelopt import _nvfp4_pack
+        from patchkit.patches.modelopt.qat import _nvfp4_pack
 
         _nvfp4_pack._quantize_rows = torch.compile(_nvfp4_pack._quantize_rows, dynamic=True)
     torch.manual_seed(0)

@@ -240,12 +240,33 @@ def _table(args: argparse.Namespace) -> int:
 
     readme = Path(args.readme)
     old = _read_input(readme, "--readme")
-    try:
-        new = table.update(old, load(_matrix_path(args)), readme.name, table.ranges_of(_registry()))
-    except ValueError as exc:
-        sys.stderr.write(f"patchkit: {exc}\n")
+    matrix, registry = load(_matrix_path(args)), _registry()
+    found = [(start, end) for start, end in ((table.START, table.END), (table.CATALOGUE_START, table.CATALOGUE_END))
+             if table.has_markers(old, start, end)]
+    if not found:
+        sys.stderr.write(f"patchkit: {readme.name} has neither {table.START} ... {table.END} nor "
+                         f"{table.CATALOGUE_START} ... {table.CATALOGUE_END} markers; add them where a table belongs\n")
         return 2
+    new = old
+    if (table.START, table.END) in found:
+        new = table.update(new, matrix, readme.name, table.ranges_of(registry))
+    if (table.CATALOGUE_START, table.CATALOGUE_END) in found:
+        new = table.update_catalogue(new, matrix, registry, readme.name)
     return _diff_or_write(readme, old, new, args.check, "--readme")
+
+
+def _grid(args: argparse.Namespace) -> int:
+    from . import grid, load
+
+    sections = grid.build(load(_matrix_path(args)), _registry())
+    status = 0
+    for path, render, option in ((args.markdown, grid.render_markdown, "--markdown"),
+                                 (args.html, grid.render_html, "--html")):
+        if path:
+            target = Path(path)
+            old = _read_input(target, option) if target.exists() else ""
+            status = max(status, _diff_or_write(target, old, render(sections), args.check, option))
+    return status
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -290,7 +311,11 @@ def build_parser() -> argparse.ArgumentParser:
     merge = command("merge", _merge, "fold records from `patchkit doctor --record FILE` into the matrix")
     merge.add_argument("file", help="the records file a doctor run wrote")
     merge.add_argument("--check", action="store_true", help="write nothing; exit 1 if merging would change the file")
-    table = command("table", _table, "write the supported-versions table into the README")
+    table = command("table", _table, "write the supported-versions and catalogue tables between their markers")
     table.add_argument("--readme", default="README.md")
     table.add_argument("--check", action="store_true", help="write nothing; exit 1 if the table is stale")
+    grid = command("grid", _grid, "write the compatibility grid (patches down, releases across)")
+    grid.add_argument("--markdown", default="docs/compatibility.md", help="the Markdown page ('' for none)")
+    grid.add_argument("--html", default="docs/compatibility.html", help="the standalone HTML page ('' for none)")
+    grid.add_argument("--check", action="store_true", help="write nothing; exit 1 if a page is stale")
     return matrix

@@ -7,6 +7,7 @@ backend, so the trainer's fake-quantized weight is available on CPU.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -39,6 +40,14 @@ def build_gpt(moe: bool, *, mtp: bool = False, dtype: torch.dtype = torch.float3
     return model.to(dtype)
 
 
+def quantized_modules(model) -> Iterator[tuple[str, Any, Any]]:
+    """``(name, module, weight_quantizer)`` of every module whose weight quantizer is enabled."""
+    for name, module in model.named_modules():
+        quantizer = getattr(module, "weight_quantizer", None)
+        if getattr(quantizer, "is_enabled", False):
+            yield name, module, quantizer
+
+
 def _stage() -> tuple[bool, bool]:
     from megatron.core import parallel_state as mpu
 
@@ -55,7 +64,7 @@ def full_state(model) -> dict[str, torch.Tensor]:
 def load_shard(model, state: dict[str, torch.Tensor]) -> None:
     """Fill a parallel rank's model from a single-rank state: TP slices, global layer and expert numbers."""
     from megatron.core import parallel_state as mpu
-    from patchkit.patches.modelopt._export_names import global_names
+    from patchkit.patches.modelopt.qat._export_names import global_names
 
     names = [n for n, _ in model.named_parameters() if "_quantizer" not in n]
     renamed = global_names(model, names)

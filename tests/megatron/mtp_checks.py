@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from importlib.metadata import version
 from typing import Any
 
+import pytest
 import torch
+from packaging.version import Version
 from tiny_gpt import Batch
+
+#: The installed megatron-core release, which the MTP tests branch on.
+MCORE = Version(version("megatron-core"))
 
 ATOL = 1e-5
 
@@ -84,7 +90,7 @@ OUTPUT_WEIGHT = "output_layer.weight"
 @contextlib.contextmanager
 def output_head(choice: str) -> Iterator[None]:
     """The process-wide MTP output-head option set to ``choice`` for the block."""
-    from patchkit.patches.megatron import _mtp_options
+    from patchkit.patches.megatron.mtp import _options as _mtp_options
 
     _mtp_options.configure(output_head=choice)
     try:
@@ -258,3 +264,20 @@ def tensor_parallel_mtp_rank(rank: int, world_size: int, port: int, results: Any
     finally:
         MTPLossAutoScaler.apply = original_apply
         torch.distributed.destroy_process_group()
+
+
+def check_option_from_environment(monkeypatch: Any, variable: str, value: str, field: str, expected: str) -> None:
+    """``variable=value`` sets the process default ``field`` (case folded); a value outside the choices
+    is a typed error naming the variable. The default is read afresh, and reset on the way out."""
+    from patchkit.patches.megatron.mtp import _options
+
+    monkeypatch.setenv(variable, value)
+    _options.reset_default()
+    try:
+        assert getattr(_options.default_options(), field) == expected
+        monkeypatch.setenv(variable, "not-a-choice")
+        _options.reset_default()
+        with pytest.raises(_options.MTPOptionError, match=variable):
+            _options.default_options()
+    finally:
+        _options.reset_default()

@@ -1,11 +1,11 @@
-"""Router replay API inputs (issue 10, item 5): validate before changing anything, no silent clamping."""
+"""Router replay API inputs: validate before changing anything, no silent clamping."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from moe_harness import cpu_moe
-from patchkit.patches.megatron import router_replay_api as replay
+from patchkit.patches.megatron import router_replay as replay
 from replay_models import TOPK, build_tiny_moe
 
 import patchkit

@@ -18,10 +18,16 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "megatron"))
-from cpu_harness import cpu_megatron, destroy_parallel_state, free_port, initialize_parallel_state  # noqa: E402,F401
+from cpu_harness import (  # noqa: E402,F401
+    cpu_megatron,
+    destroy_parallel_state,
+    free_port,
+    initialize_parallel_state,
+    megatron_state_on_cpu,
+)
 
 # The grid check is shipped: the ModelOpt self-check judges NVFP4 output with the same code.
-from patchkit.patches.modelopt._checks._nvfp4_grid import E2M1, assert_blocks_on_fp4_grid  # noqa: E402,F401
+from patchkit.patches.modelopt.qat._checks._nvfp4_grid import E2M1, assert_blocks_on_fp4_grid  # noqa: E402,F401
 
 VOCAB_SIZE = 128
 SEQ_LEN = 16
@@ -34,12 +40,8 @@ def megatron_cpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
     if not hasattr(moe_utils, "te_general_gemm"):
         monkeypatch.setattr(moe_utils, "te_general_gemm", None, raising=False)
-    with cpu_megatron():
-        initialize_parallel_state()
-        try:
-            yield
-        finally:
-            destroy_parallel_state()
+    with megatron_state_on_cpu():
+        yield
 
 
 def build_tiny_moe_gpt(mtp_num_layers: int | None = 1, num_experts: int = 4, seed: int = 0, **overrides: Any):
