@@ -44,19 +44,26 @@ def _write(text: str) -> None:
 
 def distribution_name() -> str:
     """The name this copy of patchkit is installed under, read from its own metadata (the import
-    name when it is run from a source tree that is not installed)."""
+    name when it is run from a source tree that is not installed). Where several installed
+    distributions provide the package at this version (a renamed distribution left behind by an
+    in-place upgrade), the one installed last."""
     import importlib.metadata
 
     package = __name__.partition(".")[0]
     try:
-        names = importlib.metadata.packages_distributions().get(package, [])
+        names = dict.fromkeys(importlib.metadata.packages_distributions().get(package, []))
     except Exception:  # noqa: BLE001 - unreadable metadata elsewhere must not break --version
-        names = []
+        names = {}
+    found: list[tuple[float, str]] = []
     for name in names:
-        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-            if importlib.metadata.version(name) == patchkit.__version__:
-                return name
-    return names[0] if names else package
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError, OSError):
+            dist = importlib.metadata.distribution(name)
+            if dist.version == patchkit.__version__:
+                where = getattr(dist, "_path", None)  # the .dist-info folder of a path distribution
+                found.append((os.stat(where).st_mtime if where is not None else 0.0, name))
+    if found:
+        return max(found)[1]
+    return next(iter(names), package)
 
 
 def _version_text() -> str:
