@@ -320,8 +320,10 @@ def unknown_variables(environ: Mapping[str, str] | None = None) -> list[UnknownV
     closest documented names (a misspelled ``PATCHKIT_DISABLED`` is otherwise ignored without a word)."""
     env = os.environ if environ is None else environ
     known = documented()
-    return [UnknownVariableError(name, env[name], _closest(name, known)) for name in sorted(env)
-            if name.startswith("PATCHKIT_") and name not in known and name not in NOT_SETTINGS]
+    # fnmatch.filter and set difference, not a loop here: apply_all() runs this on every call, and
+    # an environment holds hundreds of names.
+    unknown = set(fnmatch.filter(env, "PATCHKIT_*")) - set(known) - NOT_SETTINGS
+    return [UnknownVariableError(name, env[name], _closest(name, known)) for name in sorted(unknown)]
 
 
 #: What a bad value of each variable costs, said with the problem so the user knows what still holds.
