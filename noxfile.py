@@ -121,8 +121,9 @@ def _install(session: nox.Session, uninstall: list[str] = ()) -> None:
         constraint = ["--constraint", str(lock)]
     for step in steps:
         session.install(*step, *constraint)
-    if uninstall:
-        session.run("uv", "pip", "uninstall", "-q", *uninstall, external=True, silent=True)
+    # A reused environment made before the distribution was named patchkit-rl still holds the metadata
+    # and entry points of `patchkit` (the same import package): removed, so each entry point is there once.
+    session.run("uv", "pip", "uninstall", "-q", "patchkit", *uninstall, external=True, silent=True)
     session.install("-e", ".[matrix]", "pytest", *constraint)
 
 

@@ -1,4 +1,6 @@
-"""``patchkit matrix check | record | static | index | outdated | merge | table``, run by ``patchkit``'s cli.py.
+"""``patchkit matrix check | record | static | index | catalogue | outdated | merge | table | grid``.
+
+``patchkit``'s cli.py hands it the arguments after ``matrix``.
 
 Which matrix file: ``--matrix PATH``; else ``./compat_matrix.yaml``; else the matrix shipped with
 patchkit. The shipped one is only read, never written, unless patchkit runs from a source checkout
@@ -57,9 +59,10 @@ def in_source_checkout(shipped: Path) -> bool:
 
 
 def _registry() -> list[Registered]:
-    from ..runtime.catalogue import load
+    """Every shipped patch as its module declares it (each declaration module imported, not the index)."""
+    from ..runtime.catalogue import scan
 
-    patches, errors = load()
+    patches, errors = scan()
     for error in errors:
         sys.stderr.write(f"patchkit: cannot load {error.module}: {error.error}\n")
     if errors:
@@ -138,6 +141,13 @@ def _check(args: argparse.Namespace) -> int:
         problems.append(check.Disagreement(None, f"{index.PATH} is out of step with {path}: run `patchkit matrix "
                                                  f"index` and commit the result"))
         _write(str(problems[-1]))
+    from . import catalogue_index
+
+    if catalogue_index.is_stale():
+        problems.append(check.Disagreement(None, f"the catalogue's index in {catalogue_index.folder()} is out of step "
+                                                 f"with the declarations: "
+                                                 f"run `patchkit matrix catalogue` and commit the result"))
+        _write(str(problems[-1]))
     _write(f"{path}: {'registry and matrix agree' if not problems else f'{len(problems)} disagreement(s)'}")
     return 1 if problems else 0
 
@@ -161,6 +171,18 @@ def _index(args: argparse.Namespace) -> int:
                           problem="not written (it belongs to the installed package)")
     current = index.PATH.read_text(encoding="utf-8") if index.PATH.is_file() else ""
     return _diff_or_write(index.PATH, current, index.render(load(path)), args.check)
+
+
+def _catalogue(args: argparse.Namespace) -> int:
+    from . import catalogue_index
+
+    where = catalogue_index.folder(args.package)
+    if args.check:
+        old, new = catalogue_index.current(args.package), catalogue_index.render(args.package)
+        return max(_diff_or_write(where / name, old[name], text, check=True, option="--package")
+                   for name, text in new.items())
+    _write(f"{where}: index {'updated' if catalogue_index.write(args.package) else 'up to date'}")
+    return 0
 
 
 def _static(args: argparse.Namespace) -> int:
@@ -304,6 +326,12 @@ def build_parser() -> argparse.ArgumentParser:
     static.add_argument("--json", action="store_true", help="with --symbols: machine-readable facts")
     index = command("index", _index, "write patchkit/runtime/_recorded.py, the runtime's copy of the records")
     index.add_argument("--check", action="store_true", help="write nothing; exit 1 if the index is stale")
+    catalogue = command("catalogue", _catalogue, "write the catalogue's index (patches/_index*.py), read at start-up")
+    catalogue.add_argument("--check", action="store_true", help="write nothing; exit 1 if the index is stale")
+    catalogue.add_argument("--package", default="patchkit.patches", help="the catalogue package (default: %(default)s)")
+    catalogue = command("catalogue", _catalogue, "write the catalogue's index (patches/_index*.py), read at start-up")
+    catalogue.add_argument("--check", action="store_true", help="write nothing; exit 1 if the index is stale")
+    catalogue.add_argument("--package", default="patchkit.patches", help="the catalogue package (default: %(default)s)")
     outdated = command("outdated", _outdated, "releases on the index newer than the matrix covers, checked statically")
     outdated.add_argument("--dist", action="append", default=[], help="only this distribution (repeatable)")
     outdated.add_argument("--cache", help="where artifacts are unpacked (default: ~/.cache/patchkit/artifacts)")

@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 from patchkit.matrix import load
-from patchkit.runtime.catalogue import load as load_catalogue
+from patchkit.runtime.catalogue import scan as load_catalogue
 
 ROOT = Path(__file__).resolve().parents[2]
 

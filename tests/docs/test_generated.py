@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from patchkit.matrix import grid, load, table
-from patchkit.runtime.catalogue import load as load_catalogue
+from patchkit.runtime.catalogue import scan as load_catalogue
 
 ROOT = Path(__file__).resolve().parents[2]
 STALE = "stale: run `python3 -m nox -s docs` and commit the result"

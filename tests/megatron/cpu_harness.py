@@ -10,11 +10,10 @@ from collections.abc import Iterator
 from patchkit.patches.megatron._checks._cpu_stand_in import (
     cpu_megatron,
     destroy_parallel_state,
-    free_port,
     initialize_parallel_state,
 )
 
-__all__ = ["cpu_megatron", "destroy_parallel_state", "free_port", "initialize_parallel_state", "megatron_state_on_cpu"]
+__all__ = ["cpu_megatron", "destroy_parallel_state", "initialize_parallel_state", "megatron_state_on_cpu"]
 
 
 @contextlib.contextmanager

@@ -4,14 +4,14 @@ bias (so fresh routing differs), replays in another forward, and every rank chec
 maps equal the recorded ones. Indices move between ranks only through ``patchkit.patches.megatron.router_replay``:
 the pipeline gather / merge by layer number, the sequence-parallel gather and shard, CP unpack/pack.
 
-Run as a script, this file is one rank (``python test_router_replay_distributed.py RANK WORLD PORT OUT``).
+Run as a script, this file is one rank (``python test_router_replay_distributed.py RANK WORLD INIT_METHOD OUT``);
+the ranks are started, watched and bounded by ``tests/_multiprocess.run_rank_commands``.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -28,21 +28,17 @@ HERE = Path(__file__).resolve().parent
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    from cpu_harness import free_port
+    from _multiprocess import rendezvous, run_rank_commands
 
     out = tmp_path_factory.mktemp("replay_dist")
-    port = str(free_port())
-    env = dict(os.environ, PYTHONPATH=str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    procs = [
-        subprocess.Popen([sys.executable, str(Path(__file__).resolve()), str(rank), "2", port, str(out)],
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for rank in range(2)
-    ]
-    logs = [proc.communicate(timeout=900)[0] for proc in procs]
+    init_method = rendezvous(out)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
+    run_rank_commands([[sys.executable, str(Path(__file__).resolve()), str(rank), "2", init_method, str(out)]
+                       for rank in range(2)], timeout=900, env=env)
     found = {}
-    for rank, (proc, log) in enumerate(zip(procs, logs, strict=True)):
+    for rank in range(2):
         path = out / f"rank{rank}.json"
-        assert path.exists(), f"rank {rank} exited {proc.returncode} without results:\n{log[-6000:]}"
+        assert path.exists(), f"rank {rank} exited without results"
         found[rank] = json.loads(path.read_text())
     return found
 
@@ -62,11 +58,11 @@ def test_replay_reproduces_the_recorded_routing_on_every_rank(results, scenario)
 # The rank side.
 
 
-def _run_rank(rank: int, world: int, port: str, out: str) -> None:
+def _run_rank(rank: int, world: int, init_method: str, out: str) -> None:
     import torch
+    from _multiprocess import init_rank
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    init_rank(rank, world, init_method)
     import traceback
 
     from cpu_harness import cpu_megatron

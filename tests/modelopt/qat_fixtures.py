@@ -21,7 +21,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "megatron"))
 from cpu_harness import (  # noqa: E402,F401
     cpu_megatron,
     destroy_parallel_state,
-    free_port,
     initialize_parallel_state,
     megatron_state_on_cpu,
 )
@@ -118,7 +117,7 @@ def fake_quant_weights(model: Any) -> dict[str, torch.Tensor]:
     return out
 
 
-def ddp_world_worker(rank: int, world_size: int, port: int, result_dir: str) -> None:
+def ddp_world_worker(rank: int, world_size: int, init_method: str, result_dir: str) -> None:
     """One rank of a gloo world: DDP-wrapped tiny GPT, QAT the framework way, forward/backward, grad sync.
 
     Checks on every rank: the caller's DDP object comes back, parameters are DDP's (same objects),
@@ -126,8 +125,6 @@ def ddp_world_worker(rank: int, world_size: int, port: int, result_dir: str) -> 
     gradients for each rank's batch (computed locally), and the fake-quant weights agree across ranks.
     Writes ``rank<N>.ok`` when all passed.
     """
-    import os
-
     # A spawned rank runs no conftest: load ModelOpt's Megatron plugin as tests/modelopt/conftest.py
     # does (ModelOpt 0.48 needs TransformerEngine for it; tests/te_harness.py).
     from te_harness import load_modelopt_megatron_plugin
@@ -143,10 +140,10 @@ def ddp_world_worker(rank: int, world_size: int, port: int, result_dir: str) -> 
 
     if not hasattr(moe_utils, "te_general_gemm"):
         moe_utils.te_general_gemm = None
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
+    from _multiprocess import init_rank
+
     with cpu_megatron(), patchkit.applied("modelopt.nvfp4_cpu_fake_quant"):
-        torch.distributed.init_process_group("gloo", rank=rank, world_size=world_size)
+        init_rank(rank, world_size, init_method)
         try:
             parallel_state.initialize_model_parallel()
             model_parallel_cuda_manual_seed(1234)

@@ -33,14 +33,9 @@ def megatron_on(device: str) -> Iterator[None]:
 
 
 def start_nccl_group() -> None:
-    import os
-
-    from ._cpu_stand_in import free_port
-
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(free_port())
     torch.cuda.set_device(0)
-    torch.distributed.init_process_group(backend="nccl", rank=0, world_size=1)
+    # A group of one on an in-memory store: no port to pick first and lose to another process.
+    torch.distributed.init_process_group(backend="nccl", store=torch.distributed.HashStore(), rank=0, world_size=1)
 
 
 def forward(model: Any, batch: Any, labels: bool = True) -> torch.Tensor:
