@@ -15,7 +15,7 @@ from ._version import __version__ as __version__
 from .runtime import probing, process_engine
 from .runtime.catalogue import Registered
 from .runtime.declaration import Add, Call, Patch, Replace, Target, Variant, Wrap
-from .runtime.engine import Engine, warn
+from .runtime.engine import Engine, first_time, warn
 from .runtime.errors import (
     ConfigError,
     DeclarationError,
@@ -54,17 +54,21 @@ def apply_all(
     enable: Sequence[str] | str | None = None,
     disable: Sequence[str] | str | None = None,
     force: Sequence[str] | str | None = None,
+    opt_in: Sequence[str] | str | None = None,
     strict: bool | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> list[PatchStatus]:
     """Install every patch that applies to the installed upstreams; call once at process start.
 
     Patches whose upstream modules are already imported are installed now; the others when those
-    modules are first imported. Idempotent. Arguments override the ``PATCHKIT_*`` variables.
+    modules are first imported. Idempotent. Arguments override the ``PATCHKIT_*`` variables
+    (``opt_in``: ``PATCHKIT_OPT_IN``, opt-in patches to apply too); a patch disabled after it was
+    applied is reverted.
     Declaration modules named in ``PATCHKIT_EXTRA_PATCHES`` are registered first.
     """
     register_extra_patches(environ)
-    return engine().apply_all(enable=enable, disable=disable, force=force, strict=strict, environ=environ)
+    return engine().apply_all(enable=enable, disable=disable, force=force, opt_in=opt_in, strict=strict,
+                              environ=environ)
 
 
 def register_extra_patches(environ: Mapping[str, str] | None = None) -> None:
@@ -79,8 +83,9 @@ def register_extra_patches(environ: Mapping[str, str] | None = None) -> None:
     except ConfigError:
         return
     for problem in problems:
-        logging.getLogger("patchkit").error("patchkit: %s", problem)
-        warn(f"patchkit: {problem}")
+        if first_time(f"patchkit: {problem}"):  # once per process, however often the module is retried
+            logging.getLogger("patchkit").error("patchkit: %s", problem)
+            warn(f"patchkit: {problem}")
 
 
 def apply(*patterns: str, import_targets: bool = False, strict: bool | None = None) -> list[PatchStatus]:

@@ -10,7 +10,7 @@ activation scheme). This patch makes an ``NVFP4`` (W4A4) checkpoint take that sa
 config's ``quant_method`` ``"NVFP4"`` becomes ``"W4A16_NVFP4"`` before vLLM picks any method or
 kernel. Checkpoint input scales are then unread placeholders (loaded, then dropped, by vLLM).
 
-Switch it on in every vLLM process with ``PATCHKIT_ENABLE=vllm.nvfp4_marlin_w4a16`` (the vLLM plugin
+Switch it on in every vLLM process with ``PATCHKIT_OPT_IN=vllm.nvfp4_marlin_w4a16`` (the vLLM plugin
 applies it), before the engine starts. Marlin is CUDA-only (compute capability 7.5+); elsewhere
 vLLM's kernel selection fails at model construction with its own error.
 

@@ -8,7 +8,9 @@ process, not the user's job), then runs each selected patch's declared self-chec
 - ``verified``: the check passed (for a native patch: upstream does the job);
 - ``failed``: the check's expectation failed, it raised, it timed out, or the patch failed to install;
 - ``not_applicable``: the patch does not apply here (the skip reason says why), or declares no check;
-- ``needs_gpu``: the check runs only on CUDA and the doctor runs on the CPU.
+- ``needs_gpu``: the check runs only on CUDA and the doctor runs on the CPU;
+- ``blocked``: the patch's upstream does not import here (an environment problem, reported once
+  with its fix by :mod:`.environment`), so nothing of it could be checked.
 
 A check runs in a daemon thread: one that hangs is reported ``failed`` after its time limit and the
 others still run (the hung thread is abandoned; ``patchkit doctor`` ends its process without waiting for it).
@@ -35,6 +37,7 @@ from ..runtime.errors import ConfigError, UnknownPatchError
 from ..runtime.status import PatchStatus, Reason, State
 from ..selfcheck import CheckContext, NeedsGPU, SelfCheckFailed
 from ..upstream_output import Captured, captured
+from . import environment
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +45,7 @@ VERIFIED = "verified"
 FAILED = "failed"
 NOT_APPLICABLE = "not_applicable"
 NEEDS_GPU = "needs_gpu"
+BLOCKED = "blocked"
 
 #: Seconds one self-check may take before it is reported failed.
 DEFAULT_TIMEOUT = 120.0
@@ -79,18 +83,33 @@ def select(registered: Sequence[Registered], patterns: Sequence[str]) -> list[Re
 
 
 def resolve_device(requested: str) -> str:
-    """``auto`` is ``cuda`` when torch is installed and sees a GPU, else ``cpu``."""
+    """``auto`` is ``cuda`` when torch is installed and sees a GPU, else ``cpu``. ``cuda`` where torch
+    cannot use CUDA is a ``ConfigError`` saying why, before anything runs."""
     if requested not in ("auto", "cpu", "cuda"):
         raise ConfigError("--device", requested, "auto, cpu or cuda")
-    if requested != "auto":
+    if requested == "cpu":
         return requested
     import importlib.util
 
     if importlib.util.find_spec("torch") is None:
+        if requested == "cuda":
+            raise ConfigError("--device", requested, "auto or cpu", problem="unavailable (torch is not installed)")
         return "cpu"
     import torch  # type: ignore[import-not-found,unused-ignore]
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    available = bool(getattr(torch, "cuda", None) is not None and torch.cuda.is_available())
+    if requested == "cuda" and not available:
+        built = getattr(getattr(torch, "version", None), "cuda", None)
+        why = (f"torch {torch.__version__} is built without CUDA" if not built
+               else f"torch {torch.__version__} (CUDA {built}) sees no GPU")
+        raise ConfigError("--device", requested, "auto or cpu", problem=f"unavailable ({why})")
+    return "cuda" if available else "cpu"
+
+
+def upstream_of(patch: Patch) -> str | None:
+    """The upstream a patch belongs to: its first distribution other than torch."""
+    dists = patch.distributions
+    return next((d for d in dists if d != "torch"), dists[0] if dists else None)
 
 
 def _check_function(registered: Registered) -> Callable[[CheckContext], None] | None:
@@ -251,8 +270,15 @@ def run(patterns: Sequence[str] = (), device: str = "auto", timeout: float = DEF
             engine.apply_all()
         selected = select([Registered(engine.patch(i), engine.package(i)) for i in engine.ids()], patterns)
         device = resolve_device(device)
+        upstreams = {r.patch.id: upstream_of(r.patch) for r in selected}
+        problems: list[environment.Problem] = []
         if selected:
-            engine.apply(*(r.patch.id for r in selected), import_targets=True)
+            ids = [r.patch.id for r in selected]
+            engine.apply(*ids)  # opt-ins among them included: they wait for their modules now
+            known = {i: d for i, d in upstreams.items() if d}
+            problems = environment.import_upstreams(engine.status(*ids), known, progress)
+            with environment.said_once(problems, known):
+                engine.apply(*ids, import_targets=True)
     statuses = {s.id: s for s in engine.status()}
     import_seconds = time.perf_counter() - started
     verdicts = []
@@ -260,22 +286,29 @@ def run(patterns: Sequence[str] = (), device: str = "auto", timeout: float = DEF
         if progress is not None:
             progress.write(f"doctor: {registered.patch.id} ...")
             progress.flush()
+        blocking = environment.blocked_by(statuses[registered.patch.id], upstreams[registered.patch.id], problems)
         with capturing() as during_check:
-            verdict = examine(registered, statuses[registered.patch.id], device, timeout, engine.matrix)
+            if blocking is not None:
+                verdict = Verdict(registered.patch.id, BLOCKED, f"blocked: {blocking.distribution} does not import "
+                                  "(environment problem)", statuses[registered.patch.id])
+            else:
+                verdict = examine(registered, statuses[registered.patch.id], device, timeout, engine.matrix)
         verdict = verdict._replace(upstream_output=during_check.text)
         verdicts.append(verdict)
         if progress is not None:
             progress.write(f"\rdoctor: {registered.patch.id}: {verdict.verdict} ({verdict.seconds:.1f} s)\n")
             progress.flush()
+    dists = {d for r in engine.ids() for d in engine.patch(r).distributions}
     facts = {"device": device, "python": sys.version.split()[0], "patchkit": patchkit.__version__,
+             "stack": environment.stack(dists), "environment": [p.to_dict() for p in problems],
              "import_and_apply_seconds": round(import_seconds, 3),
              "total_seconds": round(time.perf_counter() - started, 3), "upstream_output": during_apply.text}
     return verdicts, facts
 
 
 def exit_status(verdicts: Iterable[Verdict]) -> int:
-    """1 if any verdict failed, else 0."""
-    return 1 if any(v.verdict == FAILED for v in verdicts) else 0
+    """1 if any verdict failed or is blocked by the environment, else 0."""
+    return 1 if any(v.verdict in (FAILED, BLOCKED) for v in verdicts) else 0
 
 
 def abandoned_checks() -> bool:

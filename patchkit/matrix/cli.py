@@ -1,4 +1,12 @@
-"""``patchkit matrix check | record | static | index | catalogue | outdated | merge | table``, added by cli.py."""
+"""``patchkit matrix check | record | static | index | catalogue | outdated | merge | table | grid``.
+
+``patchkit``'s cli.py hands it the arguments after ``matrix``.
+
+Which matrix file: ``--matrix PATH``; else ``./compat_matrix.yaml``; else the matrix shipped with
+patchkit. The shipped one is only read, never written, unless patchkit runs from a source checkout
+(where it is the repository's file): the commands that write (``record``, ``merge``, ``index``,
+``static --record``/``--refingerprint``) refuse to change an installed package and ask for ``--matrix``.
+"""
 
 from __future__ import annotations
 
@@ -21,8 +29,12 @@ def _write(text: str) -> None:
     sys.stdout.write(text + "\n")
 
 
-def _matrix_path(args: argparse.Namespace) -> Path:
-    """``--matrix``, else ./compat_matrix.yaml (a checkout), else the matrix shipped with patchkit."""
+def _matrix_path(args: argparse.Namespace, writing: bool = False) -> Path:
+    """``--matrix``, else ./compat_matrix.yaml (a checkout), else the matrix shipped with patchkit.
+
+    ``writing``: the shipped matrix of an installed patchkit is refused (ConfigError): the default
+    never writes into site-packages. A missing file is found by ``load`` (MatrixError, exit 2).
+    """
     if args.matrix is not None:
         return Path(args.matrix)
     local = Path(FILENAME)
@@ -30,12 +42,20 @@ def _matrix_path(args: argparse.Namespace) -> Path:
         return local
     shipped = default_path()
     if shipped is None:
-        from .model import Position
-        from .schema import MatrixError, Problem
-
-        raise MatrixError(FILENAME, [Problem(Position(FILENAME, 1, 1), "the file", "a matrix file",
-                                             "none here and none shipped with patchkit; pass --matrix")])
+        raise ConfigError("--matrix", "(not given)", f"a matrix file, e.g. --matrix {FILENAME}",
+                          problem=f"required (no ./{FILENAME} here and none shipped with patchkit)")
+    if writing and not in_source_checkout(shipped):
+        raise ConfigError("--matrix", "(not given)", f"the matrix file to write, e.g. --matrix ./{FILENAME}",
+                          problem=f"required to write (the default is the installed package's {shipped}, "
+                                  "which patchkit never changes)")
     return shipped
+
+
+def in_source_checkout(shipped: Path) -> bool:
+    """Whether the shipped matrix is the repository's own file (a source checkout or an editable
+    install: the package's matrix is a link to the root file, beside pyproject.toml)."""
+    resolved = shipped.resolve()
+    return (resolved.parent / "pyproject.toml").is_file() and (resolved.parent / "patchkit").is_dir()
 
 
 def _registry() -> list[Registered]:
@@ -135,9 +155,9 @@ def _check(args: argparse.Namespace) -> int:
 def _record(args: argparse.Namespace) -> int:
     from . import load, record, writer
 
-    path = _matrix_path(args)
-    matrix = load(path)  # MatrixError first, for a missing or malformed file
-    old = path.read_text(encoding="utf-8")
+    path = _matrix_path(args, writing=not args.check)
+    matrix = load(path)  # MatrixError first, for a malformed file
+    old = _read_input(path, "--matrix")
     updated = record.record(matrix, _registry(), args.env)
     return _write_matrix(path, old, writer.replace_patches(old, updated.patches), updated, args.check)
 
@@ -146,6 +166,9 @@ def _index(args: argparse.Namespace) -> int:
     from . import index, load
 
     path = _matrix_path(args)
+    if not args.check and not in_source_checkout(index.PATH.parents[2] / "patchkit" / FILENAME):
+        raise ConfigError("index", str(index.PATH), "a source checkout of patchkit",
+                          problem="not written (it belongs to the installed package)")
     current = index.PATH.read_text(encoding="utf-8") if index.PATH.is_file() else ""
     return _diff_or_write(index.PATH, current, index.render(load(path)), args.check)
 
@@ -183,7 +206,7 @@ def _static(args: argparse.Namespace) -> int:
         return 0
     from . import load, writer
 
-    path = _matrix_path(args)
+    path = _matrix_path(args, writing=args.record or args.refingerprint)
     if args.refingerprint:
         findings, updated = static.refingerprint(load(path), cache)
     else:
@@ -195,7 +218,7 @@ def _static(args: argparse.Namespace) -> int:
     failed = sum(not f.ok for f in findings)
     _write(f"{len(findings)} target checks, {failed} failed")
     if (args.record or args.refingerprint) and not failed:
-        old = path.read_text(encoding="utf-8")
+        old = _read_input(path, "--matrix")
         _write_matrix(path, old, writer.replace_patches(old, updated.patches), updated)
     return 1 if failed else 0
 
@@ -204,9 +227,10 @@ def _merge(args: argparse.Namespace) -> int:
     from . import load, writer
     from .merge import merge_contribution
 
-    path = _matrix_path(args)
-    old = path.read_text(encoding="utf-8")
-    updated = merge_contribution(load(path), load(Path(args.file)), _registry())
+    path = _matrix_path(args, writing=not args.check)
+    matrix, contribution = load(path), load(Path(args.file))  # missing or malformed: MatrixError, exit 2
+    old = _read_input(path, "--matrix")
+    updated = merge_contribution(matrix, contribution, _registry())
     return _write_matrix(path, old, writer.replace_patches(old, updated.patches), updated, args.check)
 
 
@@ -267,14 +291,19 @@ def _grid(args: argparse.Namespace) -> int:
     return status
 
 
-def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
-    """Add ``matrix`` and its subcommands to the ``patchkit`` parser."""
-    matrix = commands.add_parser("matrix", help="compat_matrix.yaml: check, record, static, table, grid")
-    sub = matrix.add_subparsers(dest="matrix_command", required=True)
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``patchkit matrix ...`` (``patchkit`` hands it the arguments after ``matrix``)."""
+    matrix = argparse.ArgumentParser(prog="patchkit matrix",
+                                     description="compat_matrix.yaml: check it against the registry, record "
+                                                 "an environment, verify releases statically, merge doctor "
+                                                 "records, write the README table.")
+    matrix.add_argument("-v", "--verbose", action="store_true", help="say more (patchkit's log at INFO)")
+    sub = matrix.add_subparsers(dest="matrix_command", required=True, metavar="COMMAND")
 
     def command(name: str, run: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
         parser = sub.add_parser(name, help=help)
-        parser.add_argument("--matrix", help=f"the matrix file (default: ./{FILENAME}, else the shipped one)")
+        parser.add_argument("--matrix", help=f"the matrix file (default: ./{FILENAME}, else the shipped one, "
+                                             "which is only read outside a source checkout)")
         parser.set_defaults(run=run)
         return parser
 
@@ -314,3 +343,4 @@ def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     grid.add_argument("--markdown", default="docs/compatibility.md", help="the Markdown page ('' for none)")
     grid.add_argument("--html", default="docs/compatibility.html", help="the standalone HTML page ('' for none)")
     grid.add_argument("--check", action="store_true", help="write nothing; exit 1 if a page is stale")
+    return matrix

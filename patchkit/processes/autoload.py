@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ..runtime import process_engine, settings
-from ..runtime.errors import ConfigError, PatchkitError, PatchkitWarning
+from ..runtime.errors import ConfigError, PatchkitError, PatchkitWarning, UnknownVariableError
 from ..runtime.status import Reason, State
 
 logger = logging.getLogger(__name__)
@@ -131,6 +131,14 @@ def _load(environ: Mapping[str, str] | None, strict: bool | None) -> Outcome:
         raise
     problems += [_describe_problem(record) for record in records
                  if record.state is State.FAILED or record.reason is Reason.CONFIG_ERROR]
+    # A bad value that disabled nothing is still said (its PatchkitWarning is held back here);
+    # a misspelled name is a warning, not a problem that strict mode ends the process for.
+    for problem in process_engine.engine().config_problems():
+        said = f"{problem} ({settings.consequence(problem)})"
+        if isinstance(problem, UnknownVariableError):
+            logger.warning("patchkit: autoload: %s", said)
+        elif str(problem) not in problems:  # an unreadable switch is there already, as config_error
+            problems.append(said)
     _outcome = Outcome(ran=True, extra_modules=modules, problems=tuple(dict.fromkeys(problems)))
     return _outcome
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple
 from . import gating
 from .declaration import Patch, Variant
 from .errors import ForceRefusedError, PatchkitError, UnsupportedVersionError
-from .settings import Settings
+from .settings import OPT_IN, Settings
 from .status import Reason, State
 from .versions import InstalledVersion, Outcome, select_variant
 
@@ -135,8 +135,8 @@ def switched_off(patch: Patch, settings: Settings) -> Decision | None:
 def switched_off_id(patch_id: str, opt_in: bool, settings: Settings) -> Decision | None:
     """:func:`switched_off` from the patch's id and ``opt_in`` alone (what the catalogue's index holds)."""
     if not settings.is_enabled(patch_id, opt_in):
-        if opt_in and settings.enable is None:
-            return Decision(State.SKIPPED, Reason.OPT_IN, "opt-in: enable with PATCHKIT_ENABLE")
+        if opt_in:
+            return Decision(State.SKIPPED, Reason.OPT_IN, f"opt-in: enable with {OPT_IN}={patch_id}")
         return Decision(State.SKIPPED, Reason.DISABLED, "not in PATCHKIT_ENABLE")
     if settings.is_disabled(patch_id):
         return Decision(State.SKIPPED, Reason.DISABLED, "disabled by PATCHKIT_DISABLE")

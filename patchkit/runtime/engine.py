@@ -53,6 +53,7 @@ from .errors import (
     RevertError,
     UndoError,
     UnknownPatchError,
+    UnknownVariableError,
     UnsupportedVersionError,
 )
 from .settings import Settings
@@ -84,6 +85,7 @@ class Engine:
         self._entries: dict[str, Entry] = {}
         self._catalogue_errors = tuple(catalogue_errors)
         self._strict = False
+        self._config_problems: tuple[ConfigError, ...] = ()
         with self._lock:
             self._add(list(patches))
         import_watch.listen(self)
@@ -173,22 +175,32 @@ class Engine:
         enable: Sequence[str] | str | None = None,
         disable: Sequence[str] | str | None = None,
         force: Sequence[str] | str | None = None,
+        opt_in: Sequence[str] | str | None = None,
         strict: bool | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> list[PatchStatus]:
         """Apply every patch that applies here; idempotent. Returns every patch's status.
 
-        Explicit arguments override the ``PATCHKIT_*`` variables. A malformed variable or an unknown
-        id applies nothing (every patch is skipped with ``config_error``, and a ``PatchkitWarning``
-        says so) unless strict, which raises ``ConfigError``.
+        Explicit arguments override the ``PATCHKIT_*`` variables; a malformed argument or an unknown
+        id in one raises ``ConfigError``. A bad variable costs only what it is about (see
+        :func:`patchkit.runtime.settings.consequence`), said once per process as a ``PatchkitWarning``;
+        an unreadable ``PATCHKIT_DISABLE``/``ENABLE``/``AUTOLOAD`` applies nothing (every patch is
+        skipped with ``config_error``). Strict mode raises the ``ConfigError`` instead.
+
+        A patch that is disabled (``disable=`` or ``PATCHKIT_DISABLE``) while it is applied is
+        reverted; ``ForeignWrapperError``/``UndoError`` if that revert is refused or fails.
         """
         work = Work()
         with self._abandoned_on_interrupt(work):
             with self._lock:
                 chosen = self._settings(environ, list(self._entries.values()), enable=enable, disable=disable,
-                                        force=force, strict=strict)
+                                        force=force, opt_in=opt_in, strict=strict)
                 if chosen is None:
                     return self.status()
+                for entry in self._entries.values():
+                    # Disabled after it was installed: take it out, then it is decided (skipped) below.
+                    if chosen.is_disabled(entry.patch.id) and (entry.state.installed or entry.ticket is not None):
+                        self.revert(entry.patch.id)
                 for entry in self._entries.values():
                     step = next_step(entry.state, Trigger.APPLY_ALL, claimed=entry.ticket is not None,
                                      displaced=entry.state.installed and bool(entry.displaced()))
@@ -215,7 +227,8 @@ class Engine:
                 explicit = settings_module.parse_patterns("argument patterns", list(patterns))
                 settings_module.check_known(Settings(enable=explicit), list(self._entries))
                 selected = [e for e in self._entries.values() if settings_module.matches_any(e.id, explicit)]
-                chosen = self._settings(environ, selected, enable=list(patterns), strict=strict)
+                chosen = self._settings(environ, selected, enable=list(patterns), opt_in=list(patterns),
+                                        strict=strict)
                 if chosen is None:
                     return [entry.record() for entry in selected]
                 for entry in selected:
@@ -270,26 +283,32 @@ class Engine:
 
     def _settings(self, environ: Mapping[str, str] | None, scope: Sequence[Entry],
                   **explicit: Any) -> Settings | None:
-        """Parse the toggles; on a bad value, raise if strict, else mark ``scope`` config_error.
+        """Parse the toggles and report each problem once per process (:func:`report_config_problem`).
 
-        A malformed value disables patches, so it is also a ``PatchkitWarning``: it reaches the user
-        even where no logging is configured (the ``patchkit`` logger has only a NullHandler then).
+        Strict: the first problem that is not a misspelled name raises. Otherwise an unreadable switch
+        marks ``scope`` config_error and returns None; any other problem costs only what it is about.
         """
-        try:
-            chosen = settings_module.from_environment(environ, **explicit)
-            for warning in settings_module.check_known(chosen, list(self._entries)):
-                logger.warning("patchkit: %s", warning)
-        except ConfigError as exc:
-            if settings_module.strict_requested(environ, explicit.get("strict")):
-                raise
-            logger.error("patchkit: nothing applied: %s", exc)
-            warn(f"patchkit: nothing applied: {exc}")
+        reading = settings_module.read(environ, known_ids=list(self._entries), **explicit)
+        self._config_problems = reading.problems
+        serious = [p for p in (reading.blocking, *reading.problems)
+                   if p is not None and not isinstance(p, UnknownVariableError)]
+        if serious and settings_module.strict_requested(environ, explicit.get("strict")):
+            raise serious[0]
+        for problem in reading.problems:
+            report_config_problem(problem)
+        if reading.blocking is not None:
             for entry in scope:
                 if not entry.state.installed and entry.state is not State.PENDING and entry.ticket is None:
-                    entry.set(State.SKIPPED, Reason.CONFIG_ERROR, str(exc))
+                    entry.set(State.SKIPPED, Reason.CONFIG_ERROR, str(reading.blocking))
             return None
-        self._use(chosen)
-        return chosen
+        self._use(reading.settings)
+        return reading.settings
+
+    def config_problems(self) -> tuple[ConfigError, ...]:
+        """The configuration problems the latest ``apply_all``/``apply`` met (``patchkit status`` exits
+        non-zero on any)."""
+        with self._lock:
+            return self._config_problems
 
     def _use(self, chosen: Settings) -> None:
         self._strict = chosen.strict
@@ -570,6 +589,28 @@ class Engine:
                     for error in self._catalogue_errors
                 )
             return records
+
+
+#: The configuration problems already reported in this process: each is said once, however many
+#: ``apply_all`` calls (autoload, a framework's plugin, the user's own) meet it.
+_reported_problems: set[str] = set()
+
+
+def report_config_problem(problem: ConfigError) -> None:
+    """Say ``problem`` and what it costs, once per process: a ``PatchkitWarning`` attributed to the
+    user's code (it reaches the user with no logging configured), and a debug record for logs."""
+    message = f"patchkit: {problem} ({settings_module.consequence(problem)})"
+    if first_time(message):
+        logger.debug("%s", message)
+        warn(message)
+
+
+def first_time(message: str) -> bool:
+    """Whether ``message`` is said for the first time in this process (and from now on, it was)."""
+    if message in _reported_problems:
+        return False
+    _reported_problems.add(message)
+    return True
 
 
 def warn(message: str) -> None:

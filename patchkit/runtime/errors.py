@@ -166,3 +166,13 @@ class ForceRefusedError(PatchkitError):
             f"{patch_id}: PATCHKIT_FORCE refused: upstream has this natively on {shown} (variant {native_variant}: "
             f"{why}); forcing would apply it twice. Remove {patch_id} from PATCHKIT_FORCE"
         )
+
+
+class UnknownVariableError(ConfigError):
+    """A ``PATCHKIT_*`` variable is set that patchkit does not read (a misspelled name)."""
+
+    def __init__(self, variable: str, value: str, suggestions: Sequence[str]) -> None:
+        self.suggestions = tuple(suggestions)
+        hint = f"did you mean {', '.join(self.suggestions)}?" if self.suggestions else "see docs/configuration.md"
+        super().__init__(variable, value, f"a documented PATCHKIT_* variable ({hint})",
+                         problem="not a variable patchkit reads")

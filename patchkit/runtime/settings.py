@@ -2,20 +2,28 @@
 
 Precedence is explicit argument > environment > default. Values are read once per ``apply_all()``
 call, never on a hot path.
+
+A bad value turns off only what it is about (:func:`read` collects every problem, each with what it
+costs): an unreadable log level keeps the default level, an unknown id in a list is ignored (with the
+closest ids), a misspelled variable name is pointed at the documented one. Only the switches that say
+which patches may apply (``PATCHKIT_DISABLE``, ``PATCHKIT_ENABLE``, ``PATCHKIT_AUTOLOAD``) apply nothing
+when their value cannot be read at all: patchkit cannot tell which patches they were meant to turn off.
 """
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import logging
 import os
 import re
-from typing import Iterable, Mapping, NamedTuple, Sequence
+from typing import Callable, Iterable, Mapping, NamedTuple, Sequence, TypeVar
 
-from .errors import ConfigError, UnknownPatchError
+from .errors import ConfigError, UnknownPatchError, UnknownVariableError
 
 DISABLE = "PATCHKIT_DISABLE"
 ENABLE = "PATCHKIT_ENABLE"
+OPT_IN = "PATCHKIT_OPT_IN"
 STRICT = "PATCHKIT_STRICT"
 FORCE = "PATCHKIT_FORCE"
 LOG_LEVEL = "PATCHKIT_LOG_LEVEL"
@@ -26,8 +34,9 @@ FINGERPRINT_CACHE = "PATCHKIT_FINGERPRINT_CACHE"
 
 #: Documented in the README; every variable patchkit reads.
 VARIABLES: Mapping[str, str] = {
-    DISABLE: "comma-separated patch ids or globs not to apply ('*' = all)",
-    ENABLE: "comma-separated ids or globs: apply only these, opt-in patches included",
+    DISABLE: "comma-separated patch ids or globs not to apply ('*' = all); reverts them if already applied",
+    ENABLE: "comma-separated ids or globs: apply only these (an opt-in patch only when named by its exact id)",
+    OPT_IN: "comma-separated ids or globs: also apply these opt-in patches; restricts nothing else",
     STRICT: "1/true/yes/on or 0/false/no/off: raise typed errors instead of recording failures",
     FORCE: "comma-separated ids or globs: apply the nearest variant outside the verified range",
     LOG_LEVEL: "DEBUG, INFO, WARNING, ERROR, CRITICAL or 0-50, for the 'patchkit' logger",
@@ -51,12 +60,21 @@ CHOICES: Mapping[str, tuple[str, ...]] = {
     MTP_WITHOUT_LABELS: ("skip", "derive"),
 }
 
+#: The switches that say which patches may apply: a value that cannot be read at all applies nothing.
+SWITCHES = (DISABLE, ENABLE, AUTOLOAD)
+
+#: ``PATCHKIT_*`` names that are not settings and are never warned about: autoload's own marker, and
+#: the variables the repository's test and CI tooling reads.
+NOT_SETTINGS = frozenset({"PATCHKIT_AUTOLOAD_ACTIVE", "PATCHKIT_REPORTS", "PATCHKIT_UNPINNED", "PATCHKIT_ROOT",
+                          "PATCHKIT_GPU_REPORT", "PATCHKIT_TEST_REAL_SIGNALS", "PATCHKIT_INTERRUPT_STRIDE"})
+
 _PATTERN_FORM = "comma-separated patch ids or globs, e.g. 'megatron.mtp_postprocess,vllm.*' or '*'"
 _PATTERN = re.compile(r"^[a-z0-9_.*?]+$|^[a-z0-9_.*?]*\[[a-z0-9_.!-]+\][a-z0-9_.*?]*$", re.ASCII)
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 _BOOL_FORM = "1, true, yes, on, 0, false, no, off"
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+T = TypeVar("T")
 
 
 class Settings(NamedTuple):
@@ -64,6 +82,7 @@ class Settings(NamedTuple):
 
     enable: tuple[str, ...] | None = None  #: None: no restriction
     disable: tuple[str, ...] = ()
+    opt_in: tuple[str, ...] = ()
     force: tuple[str, ...] = ()
     strict: bool = False
     log_level: int | None = None
@@ -72,9 +91,11 @@ class Settings(NamedTuple):
     manifest_dir: str | None = None
 
     def is_enabled(self, patch_id: str, opt_in: bool) -> bool:
-        if self.enable is None:
-            return not opt_in
-        return matches_any(patch_id, self.enable)
+        """An opt-in patch: named in ``opt_in`` (id or glob), or by its exact id in ``enable`` (a glob
+        there never turns on a behaviour change). Any other patch: ``enable`` unset, or matching it."""
+        if opt_in:
+            return matches_any(patch_id, self.opt_in) or patch_id in (self.enable or ())
+        return self.enable is None or matches_any(patch_id, self.enable)
 
     def is_disabled(self, patch_id: str) -> bool:
         return matches_any(patch_id, self.disable)
@@ -189,39 +210,166 @@ def choice(variable: str, environ: Mapping[str, str] | None = None) -> str:
     return parse_choice(variable, env.get(variable, ""))
 
 
+class Reading(NamedTuple):
+    """The settings :func:`read` could make out, and every problem met on the way."""
+
+    settings: Settings
+    #: Each bad value or name, in the order read; each :func:`consequence` says what it costs.
+    problems: tuple[ConfigError, ...] = ()
+    #: The first switch (:data:`SWITCHES`) whose value could not be read: nothing may be applied.
+    blocking: ConfigError | None = None
+
+
+def read(
+    environ: Mapping[str, str] | None = None,
+    *,
+    known_ids: Sequence[str] | None = None,
+    enable: Sequence[str] | str | None = None,
+    disable: Sequence[str] | str | None = None,
+    force: Sequence[str] | str | None = None,
+    opt_in: Sequence[str] | str | None = None,
+    strict: bool | None = None,
+) -> Reading:
+    """Parse every ``PATCHKIT_*`` variable, collecting problems instead of stopping at the first.
+
+    Explicit arguments win over the environment, which wins over the defaults; an explicit argument
+    is code, so a bad one raises ``ConfigError`` (``UnknownPatchError`` for an unknown id) at once.
+    A bad environment value costs only what it is about (see :func:`consequence`). With
+    ``known_ids``, ids that are not registered and globs that match nothing are problems too, and
+    ``PATCHKIT_*`` names that patchkit does not read are problems naming the closest documented one.
+    """
+    env = os.environ if environ is None else environ
+    problems: list[ConfigError] = []
+    blocking: list[ConfigError] = []
+
+    def attempt(variable: str, parse: Callable[[], T], fallback: T) -> T:
+        try:
+            return parse()
+        except ConfigError as exc:
+            problems.append(exc)
+            if variable in SWITCHES:
+                blocking.append(exc)
+            return fallback
+
+    def patterns(variable: str, explicit: Sequence[str] | str | None) -> tuple[str, ...] | None:
+        if explicit is not None:
+            chosen = parse_patterns(f"argument {variable.removeprefix('PATCHKIT_').lower()}", explicit)
+            if known_ids is not None:
+                for pattern in chosen:
+                    if not is_glob(pattern) and pattern not in known_ids:
+                        raise UnknownPatchError(variable, pattern, _closest(pattern, known_ids))
+            return chosen
+
+        def parse() -> tuple[str, ...] | None:
+            raw = _present(variable, env.get(variable), _PATTERN_FORM)
+            return None if raw is None else parse_patterns(variable, raw)
+
+        found = attempt(variable, parse, None)
+        if found is None or known_ids is None:
+            return found
+        kept = []
+        for pattern in found:
+            if not is_glob(pattern) and pattern not in known_ids:
+                problems.append(UnknownPatchError(variable, pattern, _closest(pattern, known_ids)))
+            elif is_glob(pattern) and not any(fnmatch.fnmatchcase(known, pattern) for known in known_ids):
+                problems.append(ConfigError(variable, pattern, _PATTERN_FORM, problem="a glob matching no known patch"))
+            else:
+                kept.append(pattern)
+        return tuple(kept)
+
+    def level() -> int | None:
+        raw = env.get(LOG_LEVEL)
+        return None if raw is None or raw == "" else parse_log_level(LOG_LEVEL, raw)
+
+    chosen = Settings(
+        enable=patterns(ENABLE, enable),
+        disable=patterns(DISABLE, disable) or (),
+        opt_in=patterns(OPT_IN, opt_in) or (),
+        force=patterns(FORCE, force) or (),
+        strict=strict if strict is not None else attempt(STRICT, lambda: parse_bool(STRICT, env.get(STRICT, "")),
+                                                         False),
+        log_level=attempt(LOG_LEVEL, level, None),
+        autoload=attempt(AUTOLOAD, lambda: parse_bool(AUTOLOAD, env.get(AUTOLOAD, "")), False),
+        extra_patches=attempt(EXTRA_PATCHES, lambda: parse_modules(EXTRA_PATCHES, env.get(EXTRA_PATCHES, "")), ()),
+        manifest_dir=attempt(MANIFEST_DIR, lambda: parse_folder(MANIFEST_DIR, env.get(MANIFEST_DIR, "")), None),
+    )
+    attempt(FINGERPRINT_CACHE, lambda: _cache_flag(env), True)
+    for variable in CHOICES:
+        attempt(variable, lambda name=variable: choice(name, env), "")  # type: ignore[misc]
+    if known_ids is not None:
+        problems.extend(unknown_variables(env))
+    return Reading(chosen, tuple(problems), blocking[0] if blocking else None)
+
+
+def _cache_flag(env: Mapping[str, str]) -> bool:
+    raw = env.get(FINGERPRINT_CACHE, "")
+    return True if raw == "" else parse_bool(FINGERPRINT_CACHE, raw)
+
+
+def _closest(name: str, known: Iterable[str]) -> list[str]:
+    return difflib.get_close_matches(name, list(known), n=3, cutoff=0.5)
+
+
+def documented() -> tuple[str, ...]:
+    """Every ``PATCHKIT_*`` variable a user may set (docs/configuration.md describes each)."""
+    return (*VARIABLES, *CHOICES)
+
+
+def unknown_variables(environ: Mapping[str, str] | None = None) -> list[UnknownVariableError]:
+    """The ``PATCHKIT_*`` names set in the environment that patchkit does not read, each with the
+    closest documented names (a misspelled ``PATCHKIT_DISABLED`` is otherwise ignored without a word)."""
+    env = os.environ if environ is None else environ
+    known = documented()
+    # fnmatch.filter and set difference, not a loop here: apply_all() runs this on every call, and
+    # an environment holds hundreds of names.
+    unknown = set(fnmatch.filter(env, "PATCHKIT_*")) - set(known) - NOT_SETTINGS
+    return [UnknownVariableError(name, env[name], _closest(name, known)) for name in sorted(unknown)]
+
+
+#: What a bad value of each variable costs, said with the problem so the user knows what still holds.
+_CONSEQUENCES: Mapping[str, str] = {
+    DISABLE: "nothing applied: patchkit cannot tell which patches it was meant to turn off",
+    ENABLE: "nothing applied: patchkit cannot tell which patches it was meant to allow",
+    AUTOLOAD: "nothing applied: patchkit cannot tell whether it was meant to stand aside",
+    OPT_IN: "no opt-in patch turned on by it",
+    FORCE: "nothing forced by it",
+    STRICT: "strict mode is off",
+    LOG_LEVEL: "the 'patchkit' logger keeps its level",
+    EXTRA_PATCHES: "no extra declaration module registered",
+    MANIFEST_DIR: "no manifest written",
+    FINGERPRINT_CACHE: "the fingerprint cache is off",
+}
+
+
+def consequence(problem: ConfigError) -> str:
+    """What ``problem`` turns off, in a few words; every other setting and patch is unaffected."""
+    if isinstance(problem, UnknownVariableError):
+        return "ignored: patchkit does not read this variable"
+    if isinstance(problem, UnknownPatchError) or "matching no known patch" in str(problem):
+        return "this entry is ignored, every other entry applies"
+    if problem.variable in CHOICES:
+        return f"{problem.variable} falls back to {CHOICES[problem.variable][0]!r} when the patch reads it"
+    return _CONSEQUENCES.get(problem.variable, "ignored")
+
+
 def from_environment(
     environ: Mapping[str, str] | None = None,
     *,
     enable: Sequence[str] | str | None = None,
     disable: Sequence[str] | str | None = None,
     force: Sequence[str] | str | None = None,
+    opt_in: Sequence[str] | str | None = None,
     strict: bool | None = None,
 ) -> Settings:
-    """Parse every ``PATCHKIT_*`` variable: explicit arguments win over the environment, which wins
-    over the defaults. The one parser of these variables: the engine, autoload, the launcher and the
-    CLI all read them here.
+    """Parse every ``PATCHKIT_*`` variable, strictly: the one parser of these variables (the engine,
+    autoload, the launcher and the CLI all read them here, through :func:`read`).
 
-    Raises ``ConfigError`` naming the variable and the accepted forms for a malformed value.
+    Raises ``ConfigError`` naming the variable and the accepted forms for the first malformed value.
     """
-    env = os.environ if environ is None else environ
-
-    def patterns(variable: str, explicit: Sequence[str] | str | None) -> tuple[str, ...] | None:
-        if explicit is not None:
-            return parse_patterns(f"argument {variable.removeprefix('PATCHKIT_').lower()}", explicit)
-        raw = _present(variable, env.get(variable), _PATTERN_FORM)
-        return None if raw is None else parse_patterns(variable, raw)
-
-    raw_level = env.get(LOG_LEVEL)
-    return Settings(
-        enable=patterns(ENABLE, enable),
-        disable=patterns(DISABLE, disable) or (),
-        force=patterns(FORCE, force) or (),
-        strict=strict if strict is not None else parse_bool(STRICT, env.get(STRICT, "")),
-        log_level=None if raw_level is None or raw_level == "" else parse_log_level(LOG_LEVEL, raw_level),
-        autoload=parse_bool(AUTOLOAD, env.get(AUTOLOAD, "")),
-        extra_patches=parse_modules(EXTRA_PATCHES, env.get(EXTRA_PATCHES, "")),
-        manifest_dir=parse_folder(MANIFEST_DIR, env.get(MANIFEST_DIR, "")),
-    )
+    reading = read(environ, enable=enable, disable=disable, force=force, opt_in=opt_in, strict=strict)
+    if reading.problems:
+        raise reading.problems[0]
+    return reading.settings
 
 
 def strict_requested(environ: Mapping[str, str] | None = None, explicit: bool | None = None) -> bool:

@@ -276,7 +276,7 @@ def test_why_not_installed_answers_none_once_one_of_the_patches_is_installed(eng
     engine.register(make_patch(up, three_targets(up), opt_in=True))
     engine.apply_all()
     assert patchkit.why_not_installed("toy.multi") == (
-        "patch 'toy.multi' is skipped, opt_in (opt-in: enable with PATCHKIT_ENABLE)")
+        "patch 'toy.multi' is skipped, opt_in (opt-in: enable with PATCHKIT_OPT_IN=toy.multi)")
     assert patchkit.why_not_installed("toy.unknown") == "patch 'toy.unknown' is not registered"
     engine.apply_all(enable="toy.multi")
     assert patchkit.why_not_installed("toy.multi") is None

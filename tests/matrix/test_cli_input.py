@@ -65,3 +65,56 @@ def test_a_file_that_cannot_be_written_is_a_typed_error(tmp_path: Path, monkeypa
     assert main(["matrix", "table", "--readme", str(readme), "--matrix", str(ROOT / "compat_matrix.yaml")]) == 2
     assert capsys.readouterr().err == (f"patchkit: --readme='{readme}' is not writable (Permission denied); "
                                        "accepted: a file that can be written\n")
+
+
+@pytest.mark.parametrize("missing", ["--matrix", "FILE"])
+def test_merge_with_a_missing_file_is_one_line_and_exit_2(tmp_path: Path, missing: str) -> None:
+    contribution = tmp_path / "doctor.yaml"
+    contribution.write_text("schema: 1\nenvironments: {}\n")
+    matrix = tmp_path / "missing.yaml" if missing == "--matrix" else ROOT / "compat_matrix.yaml"
+    named = tmp_path / "gone.yaml" if missing == "FILE" else contribution
+    done = patchkit("matrix", "merge", str(named), "--matrix", str(matrix), "--check")
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    gone = matrix if missing == "--matrix" else named
+    assert line == f"patchkit: {gone}:1:1: the file: expected a readable YAML file, found no such file"
+
+
+STALE = "schema: 1\nenvironments:\n  e:\n    install: []\n    tests: [t]\n"
+
+
+@pytest.mark.parametrize("command", [["record", "--env", "e"], ["merge", "doctor.yaml"], ["index"],
+                                     ["static", "--record"]])
+def test_the_matrix_of_an_installed_package_is_never_written_by_default(tmp_path: Path, monkeypatch, capsys,
+                                                                        command: list[str]) -> None:
+    import patchkit.matrix.cli as matrix_cli
+    from patchkit.cli import main
+
+    site = tmp_path / "site-packages" / "patchkit"
+    site.mkdir(parents=True)
+    shipped = site / "compat_matrix.yaml"
+    shipped.write_text(STALE)
+    (tmp_path / "doctor.yaml").write_text("schema: 1\nenvironments: {}\n")
+    monkeypatch.setattr(matrix_cli, "default_path", lambda: shipped)
+    (site / "runtime").mkdir()
+    index = site / "runtime" / "_recorded.py"
+    index.write_text("RECORDS = {}\n")
+    monkeypatch.setattr("patchkit.matrix.index.PATH", index)
+    monkeypatch.chdir(tmp_path)  # no ./compat_matrix.yaml here
+    assert main(["matrix", *command]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("patchkit: ") and ("--matrix" in err or "source checkout" in err), err
+    assert shipped.read_text() == STALE and index.read_text() == "RECORDS = {}\n"
+    # Reading it is fine, and --matrix writes where it is told.
+    assert main(["matrix", "record", "--env", "e", "--check"]) == 1
+    local = tmp_path / "mine.yaml"
+    local.write_text(STALE)
+    assert main(["matrix", "record", "--env", "e", "--matrix", str(local)]) == 0 and local.read_text() != STALE
+
+
+def test_the_repository_matrix_is_the_default_in_a_source_checkout() -> None:
+    from patchkit.matrix.cli import in_source_checkout
+    from patchkit.matrix.loader import default_path
+
+    shipped = default_path()
+    assert shipped is not None and in_source_checkout(shipped)

@@ -218,7 +218,7 @@ def test_packed_sequences_roll_mtp_labels_like_upstream(
 
 @pytest.mark.parametrize(
     ("environ", "expected_state"),
-    [({}, "skipped"), ({"PATCHKIT_ENABLE": "megatron.mtp_*"}, "applied")],
+    [({}, "skipped"), ({"PATCHKIT_OPT_IN": "megatron.mtp_*"}, "applied")],
 )
 def test_apply_all_installs_both_mtp_patches_only_when_enabled(
     megatron_cpu: None, environ: dict[str, str], expected_state: str
