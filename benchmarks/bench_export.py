@@ -35,7 +35,7 @@ import statistics
 import time
 
 import torch
-from patchkit.patches.modelopt._nvfp4_pack import quantize_nvfp4
+from patchkit.patches.modelopt.qat._nvfp4_pack import quantize_nvfp4
 
 
 #: Bytes a copy moves per weight (bf16 read and written) and the export (bf16 read, E2M1 + E4M3 written).
@@ -122,7 +122,7 @@ def main() -> None:
                         help="torch.compile the per-slice quantize-and-pack (fuses its elementwise passes)")
     args = parser.parse_args()
     if args.compile:
-        from patchkit.patches.modelopt import _nvfp4_pack
+        from patchkit.patches.modelopt.qat import _nvfp4_pack
 
         _nvfp4_pack._quantize_rows = torch.compile(_nvfp4_pack._quantize_rows, dynamic=True)
     torch.manual_seed(0)

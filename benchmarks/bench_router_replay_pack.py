@@ -20,7 +20,7 @@ import statistics
 import time
 
 import torch
-from patchkit.patches.megatron import router_replay_api as replay
+from patchkit.patches.megatron import router_replay as replay
 
 
 def loop_pack_unpack(per_sample, mask, tp, cp, fp8):

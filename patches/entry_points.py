@@ -1,4 +1,4 @@
-"""The entry points RL frameworks and inference engines load at start-up: patchkit applied in their processes.
+"""Every host entry point in one place: patchkit applied in the processes of RL frameworks and inference engines.
 
 Each host scans one ``importlib.metadata`` entry-point group; ``pyproject.toml`` registers patchkit
 under the name ``patchkit`` in each, so the host's own allow-list names it:
@@ -6,10 +6,11 @@ under the name ``patchkit`` in each, so the host's own allow-list names it:
 ============================ ================================================ ======================================
 group                        loader (what it does with the entry point)       patchkit's target
 ============================ ================================================ ======================================
-``vllm.general_plugins``     ``vllm/plugins/__init__.py``                     ``patchkit.patches.vllm.plugin:load``
+``vllm.general_plugins``     ``vllm/plugins/__init__.py``                     :func:`vllm`
                              ``load_general_plugins``: ``ep.load()``, then
-                             calls it, in every vLLM process; ``VLLM_PLUGINS``
-                             names the allowed plugins
+                             calls it, in the API server, the engine core and
+                             every worker (unchanged 0.10-0.33);
+                             ``VLLM_PLUGINS`` names the allowed plugins
 ``sglang.srt.plugins``       ``python/sglang/srt/plugins/__init__.py``        :func:`sglang`
                              ``load_plugins``: ``ep.load()``, then calls it
                              (main, scheduler and worker processes);
@@ -22,8 +23,7 @@ group                        loader (what it does with the entry point)       pa
 
 verl only resolves its entry point, so resolving it has to be the hook: ``verl_applied`` is not a
 variable of this module but a name its ``__getattr__`` (PEP 562) answers by applying patchkit
-(importing the module alone applies nothing). Every hook then does the same as the vLLM one,
-:func:`apply_for_host`.
+(importing the module alone applies nothing). Every hook does the same, :func:`apply_for_host`.
 
 Opting out: the host's own allow-list; ``PATCHKIT_DISABLE`` / ``PATCHKIT_ENABLE`` (read by
 ``apply_all``); ``PATCHKIT_AUTOLOAD`` set to an off value (``0``, ``false``, ``no``, ``off``), which
@@ -66,6 +66,11 @@ def apply_for_host(host: str) -> list[str]:
     installed = sorted(r.id for r in records if r.state.installed)
     logger.debug("patchkit: %s plugin applied %s", host, ", ".join(installed) or "nothing")
     return installed
+
+
+def vllm() -> None:
+    """The ``vllm.general_plugins`` entry point: vLLM's ``load_general_plugins()`` calls it in every process."""
+    apply_for_host("vLLM")
 
 
 def sglang() -> None:

@@ -40,6 +40,7 @@ __all__ = [
     "Registered", "Replace", "RevertError", "State", "Target", "TargetResolutionError", "UndoError",
     "UnknownPatchError", "UnsupportedVersionError", "Variant", "Wrap",
     "apply", "apply_all", "applied", "engine", "probing", "register_extra_patches", "revert", "revert_all", "status",
+    "why_not_installed",
 ]
 
 logging.getLogger("patchkit").addHandler(logging.NullHandler())
@@ -105,3 +106,22 @@ def revert_all() -> list[PatchStatus]:
 def status(*patterns: str) -> list[PatchStatus]:
     """Every patch's state, reason, variant and upstream versions in this process."""
     return engine().status(*patterns)
+
+
+def why_not_installed(*patch_ids: str) -> str | None:
+    """``None`` if one of ``patch_ids`` is installed in this process, else why the first one is not.
+
+    The one way a helper API asks whether the patch it needs is in place; it raises its own typed
+    error with the answer (``"patch 'vllm.lora_from_tensors' is skipped, opt_in"``, the engine's
+    detail in parentheses when it has one, or ``"patch 'x.y' is not registered"``).
+    """
+    if not patch_ids:
+        raise ValueError("why_not_installed() needs at least one patch id")
+    records = {record.id: record for record in engine().status(*patch_ids)}
+    if any(records[patch_id].state.installed for patch_id in patch_ids if patch_id in records):
+        return None
+    record = records.get(patch_ids[0])
+    if record is None:
+        return f"patch {patch_ids[0]!r} is not registered"
+    why = record.state.value + (f", {record.reason.value}" if record.reason else "")
+    return f"patch {record.id!r} is {why}" + (f" ({record.detail})" if record.detail else "")

@@ -38,8 +38,8 @@ PATCHES = (
             Variant(
                 requires={"megatron-bridge": ">=0.2.0rc0,<0.6.0"},
                 installs=(
-                    Wrap(f"{SIG_UTILS}:DistributedSignalHandler.__enter__", "._signal_handler_v02:wrap_enter"),
-                    Wrap(f"{SIG_UTILS}:DistributedSignalHandler.release", "._signal_handler_v02:wrap_release"),
+                    Wrap(f"{SIG_UTILS}:DistributedSignalHandler.__enter__", "._signal_handler_main_thread:wrap_enter"),
+                    Wrap(f"{SIG_UTILS}:DistributedSignalHandler.release", "._signal_handler_main_thread:wrap_release"),
                 ),
                 label="main-thread-only",
             ),

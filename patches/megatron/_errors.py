@@ -2,7 +2,8 @@
 
 A leaf module: it imports nothing from the family, so every module of it (and a caller catching
 one of these) can import it without pulling in torch, Megatron or another module of the family.
-The modules that raise them re-export them under their old names (``router_replay_api``, ``mtp_api``).
+The family packages export them with their public API (``patchkit.patches.megatron.router_replay``,
+``patchkit.patches.megatron.mtp``).
 """
 
 from __future__ import annotations

@@ -18,14 +18,11 @@ def current_mode() -> str:
 
     A layer whose own format's patch is off is refused by name when a refit starts.
     """
-    records = patchkit.status(*RECORDING_PATCHES)
-    if any(record.state.installed for record in records):
+    problem = patchkit.why_not_installed(*RECORDING_PATCHES)
+    if problem is None:
         return "patchkit"
-    record = next(record for record in records if record.id == PATCH_ID)
-    why = f"{record.state.value}" + (f", {record.reason.value}" if record.reason else "")
     raise RefitError(
-        f"refit is unavailable: patch {PATCH_ID!r} is {why}"
-        + (f" ({record.detail})" if record.detail else "")
+        f"refit is unavailable: {problem}"
         + "; call patchkit.apply_all() before the model loads (the vLLM plugin does this in every"
         " vLLM process), or see `patchkit list` for the supported vLLM versions"
     )

@@ -80,12 +80,10 @@ def add_lora_from_tensors(
 def _require_patch() -> None:
     import patchkit
 
-    records = patchkit.status(PATCH_ID)
-    if records and records[0].state.installed:
+    problem = patchkit.why_not_installed(PATCH_ID)
+    if problem is None:
         return
-    why = "not registered" if not records else records[0].state.value + (
-        f", {records[0].reason.value}" if records[0].reason else "")
     raise LoRAFromTensorsUnavailableError(
-        f"patch {PATCH_ID!r} is {why}: vLLM would look for an adapter folder named tensors://<name>; call "
+        f"{problem}: vLLM would look for an adapter folder named tensors://<name>; call "
         "patchkit.apply_all() in the worker process (the vLLM plugin does this in every vLLM process), or see "
         "`patchkit list` for the supported vLLM versions")

@@ -1,10 +1,11 @@
 """Finding the declared patches: the shipped catalogue and anything registered at run time.
 
-The catalogue is found by listing ``patchkit.patches``: each sub-package is an upstream, and each of
-its modules not starting with ``_`` whose source assigns ``PATCHES`` at top level is a declaration
-module. Listing a folder costs far less than scanning entry points, and adding a patch touches no
-central list. Public helper modules beside them (``router_replay_api``, ``refit``, ``plugin``: APIs
-for frameworks) assign no ``PATCHES`` and so are neither declarations nor imported at start-up.
+The catalogue is found by listing ``patchkit.patches``: each sub-package is an upstream, each of its
+sub-packages a family, and each of their modules not starting with ``_`` whose source assigns
+``PATCHES`` at top level is a declaration module. Listing a folder costs far less than scanning entry
+points, and adding a patch touches no central list. Public helper modules beside them (a family
+package's ``__init__``, ``plugin``: APIs for frameworks) assign no ``PATCHES`` and so are neither
+declarations nor imported at start-up.
 Modules named in ``PATCHKIT_EXTRA_PATCHES`` are imported by name and must define ``PATCHES``.
 """
 
@@ -73,14 +74,16 @@ def _public_children(package_name: str) -> list[tuple[str, str, bool]]:
     return [(name, path, is_package) for name, (path, is_package) in sorted(children.items())]
 
 
-def _declaration_modules(package_name: str) -> list[str]:
+def _declaration_modules(package_name: str, depth: int = 2) -> list[str]:
+    """Declaration modules below ``package_name``: in its upstream packages, and one family package deeper."""
     # os.scandir rather than pkgutil: same answer for source folders, without pkgutil's import cost.
-    return [
-        f"{package_name}.{upstream}.{module}"
-        for upstream, _, is_package in _public_children(package_name) if is_package
-        for module, path, is_subpackage in _public_children(f"{package_name}.{upstream}")
-        if not is_subpackage and declares_patches(path)
-    ]
+    found = []
+    for name, path, is_package in _public_children(package_name):
+        if is_package and depth:
+            found.extend(_declaration_modules(f"{package_name}.{name}", depth - 1))
+        elif not is_package and depth < 2 and declares_patches(path):
+            found.append(f"{package_name}.{name}")
+    return found
 
 
 def declarations(module_name: str) -> tuple[Patch, ...]:

@@ -45,7 +45,7 @@ MTP_WITHOUT_LABELS = "PATCHKIT_MTP_WITHOUT_LABELS"
 
 #: Variables a catalogue patch reads (on first use, not at ``apply_all()``), each naming one of a few
 #: choices; parsed here by :func:`choice` like every other ``PATCHKIT_*`` variable. The first choice is
-#: the default. What each choice does is the patch's to document (patches/megatron/_mtp_options.py).
+#: the default. What each choice does is the patch's to document (patches/megatron/mtp/_options.py).
 CHOICES: Mapping[str, tuple[str, ...]] = {
     MTP_OUTPUT_HEAD: ("detached", "trained"),
     MTP_WITHOUT_LABELS: ("skip", "derive"),

@@ -119,9 +119,9 @@ def run(rank: int, world_size: int, out_dir: str) -> None:
         if hasattr(model_bridge, "_get_ep_group"):
             result["model_group_upstream"] = {
                 name: model_bridge._megatron_local_name_to_global(model, config, name) for name in NAMES}
-        from patchkit.patches.bridge import _expert_names
+        from patchkit.patches.bridge.qat import _expert_local_to_global
 
-        twice = _expert_names.wrap_local_name_to_global(model_bridge._megatron_local_name_to_global)
+        twice = _expert_local_to_global.wrap_local_name_to_global(model_bridge._megatron_local_name_to_global)
         result["wrapped_over_upstream"] = _map_all(twice, config)
         result["forced"] = _forced("bridge.expert_local_to_global",
                                    lambda: _map_all(model_bridge._megatron_local_name_to_global, config))

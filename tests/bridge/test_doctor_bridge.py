@@ -86,7 +86,7 @@ def test_parallelism_check_fails_on_bridges_own_detection(applied_bridge, monkey
         verdict = _bypassed(applied_bridge, patch_id, monkeypatch, take_away)
     else:  # a registration (Call) and a Wrap: undo the registration, put upstream's detection back
         from megatron.bridge.models.conversion.param_mapping import AutoMapping
-        from patchkit.patches.bridge import _quant_linear_parallelism
+        from patchkit.patches.bridge.qat import _quant_linear_parallelism
 
         monkeypatch.setattr(AutoMapping, "_detect_parallelism_type",
                             AutoMapping._detect_parallelism_type.__wrapped__)

@@ -17,7 +17,7 @@ import pytest
 from megatron.bridge.models import gpt_provider
 from megatron.core.post_training.modelopt.layers import Norm as ModelOptNorm
 from packaging.version import Version
-from patchkit.patches.bridge._checks.modelopt_layer_spec import tiny_provider
+from patchkit.patches.bridge.qat._checks.modelopt_layer_spec import tiny_provider
 
 import patchkit
 
@@ -89,7 +89,7 @@ def test_provider_without_restore_or_with_its_own_spec_is_left_alone(megatron_cp
 @pytest.mark.parametrize("with_patch", [False, True])
 def test_fresh_qat_switch_gives_the_modelopt_spec_without_restoring_state(megatron_cpu, with_patch):
     """``use_modelopt_layer_spec``: the same call on every Bridge release, patch applied or not."""
-    from patchkit.patches.bridge.qat_export import use_modelopt_layer_spec
+    from patchkit.patches.bridge.qat import use_modelopt_layer_spec
 
     provider = tiny_provider(restore_modelopt_state=False)
     assert use_modelopt_layer_spec(provider) is provider
@@ -106,7 +106,7 @@ def test_fresh_qat_switch_gives_the_modelopt_spec_without_restoring_state(megatr
 
 
 def test_fresh_qat_switch_off_leaves_a_spec_set_elsewhere_alone(megatron_cpu):
-    from patchkit.patches.bridge.qat_export import use_modelopt_layer_spec
+    from patchkit.patches.bridge.qat import use_modelopt_layer_spec
 
     provider = tiny_provider(transformer_layer_spec=gpt_provider.local_layer_spec)
     with pytest.raises(ValueError, match="set elsewhere"):

@@ -11,7 +11,7 @@ from ep_worker import GROUPED_QUANTIZER
 from megatron.bridge.models.conversion import model_bridge
 from megatron.bridge.models.conversion.param_mapping import AutoMapping
 from packaging.version import Version
-from patchkit.patches.bridge._checks.expert_sort_key import MIXED_NAMES, SORTED_NAMES
+from patchkit.patches.bridge.qat._checks.expert_sort_key import MIXED_NAMES, SORTED_NAMES
 from patchkit.patches.modelopt.qat import apply_qat
 
 import patchkit
@@ -83,7 +83,7 @@ def test_upstream_resolves_modelopt_quantized_linears_natively(quantized_gpt):
     from megatron.bridge.models.conversion.utils import is_modelopt_dynamic_module
 
     assert all(is_modelopt_dynamic_module(quantized_gpt.get_submodule(name)) for name in EXPECTED_PARALLELISM)
-    from patchkit.patches.bridge import _quant_linear_parallelism
+    from patchkit.patches.bridge.qat import _quant_linear_parallelism
 
     with patchkit.applied("bridge.quant_linear_parallelism") as records:
         assert [(r.reason or r.state).value for r in records] == ["native"]

@@ -1,30 +1,41 @@
-"""Every patch family in ``patches/`` has the one shape docs/writing-patches.md describes.
+"""Every upstream in ``patches/`` has the one shape docs/writing-patches.md describes.
 
-Read statically with ``ast`` (no upstream is installed here), over every module of every family, so
-a new module is checked the day it is added:
+Read statically with ``ast`` (no upstream is installed here; declaration modules, family packages and
+``_errors`` leaves, which import nothing but patchkit, are imported), over every module of every
+upstream, so a new module is checked the day it is added:
 
-- no import cycle inside ``patches/`` (function-level imports count: a lazy cycle is still a cycle);
+- layout: ``patches/<upstream>/`` holds its leaves (``_errors.py``, ``_constants.py``), family packages
+  (``<family>/``), shared ``_checks/`` scaffolding, and, for a patch that is a family of one, its
+  declaration and implementation directly; a family package holds declaration modules, their
+  implementation, private modules the family shares, and ``_checks/``;
 - a declaration module (public name, assigns ``PATCHES``) only declares: one ``Patch`` whose id is
   ``<upstream>.<module name>``, plain constants, imports from ``patchkit`` alone; no function, no class;
-- implementation modules (``_*.py``) never import a public module of the catalogue (a declaration or an
-  API such as ``router_replay_api``): public modules sit on top, the leaves at the bottom (self-checks,
-  like tests, sit above everything and may use the public API);
+- its implementation is found from its id: every reference an install names is in the module
+  ``_<id tail>`` or the package ``_<id tail>/`` beside the declaration; in such a package, a module per
+  release span is named ``v<major><minor>`` after the first release it serves;
+- a public helper API is a family package: its ``__init__`` binds only public names, imports nothing
+  but the upstream's leaves and :mod:`patchkit.patches._exports`, and names in ``_EXPORTS`` where each
+  lazily exported name is defined; no other public module that declares nothing (no private
+  back-compat aliases, no second layout);
+- no import cycle inside ``patches/`` (function-level imports count: a lazy cycle is still a cycle);
+- implementation modules (``_*``) never import a public module of the catalogue (a declaration or a
+  family's API): public modules sit on top, the leaves at the bottom (self-checks, like tests, sit
+  above everything and may use the public API);
 - the leaves ``_errors.py`` and ``_constants.py`` import nothing from ``patches/``;
-- every exception class with a public name is defined in its family's ``_errors.py`` (self-check
-  scaffolding aside), and is a ``patchkit.PatchkitError`` (those modules are imported here: they
-  import nothing but patchkit);
+- every exception class with a public name is defined in its upstream's ``_errors.py`` (self-check
+  scaffolding aside), and is a ``patchkit.PatchkitError``;
 - self-checks live in ``_checks/``: every ``self_check`` reference is ``._checks.<module>:<function>``
   naming a function defined there, only ``_checks/`` imports ``patchkit.selfcheck``, and patch code
-  never imports ``_checks/``; no family keeps a ``_selfchecks`` module;
-- nothing else: a family is its declaration modules, its public API modules, its leaves, its
-  implementation modules and ``_checks/``.
+  never imports ``_checks/``; no family keeps a ``_selfchecks`` module.
 """
 
 from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import inspect
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,11 +48,20 @@ CATALOGUE = Path(__file__).resolve().parents[2] / "patches"
 PACKAGE = "patchkit.patches"
 LEAVES = ("_errors", "_constants")
 CHECKS = "_checks"
+#: A module of an implementation package that serves one release span, named by its first release.
+VERSION_MODULE = re.compile(r"^v\d{3}$")
 
 #: Modules another branch is editing while this test lands; the lead conforms them at merge and then
 #: deletes the entry. Each is (rule, module) -> why; the case is an expected failure (strict: once a
 #: module conforms, its entry must go).
-AWAITING_CONFORMANCE: dict[tuple[str, str], str] = {}
+_VLLM_REFIT = "the vLLM refit family is being restructured into its family package on another branch"
+AWAITING_CONFORMANCE: dict[tuple[str, str], str] = {
+    ("layout", "vllm.lora"): _VLLM_REFIT,
+    ("layout", "vllm.refit"): _VLLM_REFIT,
+    **{("implementation_named_after_patch", f"vllm.{tail}"): _VLLM_REFIT for tail in (
+        "compressed_tensors_nvfp4_refit", "fp8_refit", "mxfp4_moe_refit", "mxfp8_refit", "nvfp4_marlin_w4a16",
+        "nvfp4_refit", "serve_signals_main_thread")},
+}
 
 
 @dataclass
@@ -54,8 +74,13 @@ class Module:
     imports: set[str] = field(default_factory=set)
 
     @property
-    def family(self) -> str:
+    def upstream(self) -> str:
         return self.name.split(".", 1)[0]
+
+    @property
+    def package(self) -> str:
+        """The package relative references in this module resolve against."""
+        return self.name if self.is_package else self.name.rpartition(".")[0]
 
     @property
     def parts(self) -> list[str]:
@@ -80,7 +105,12 @@ class Module:
 
     @property
     def is_public(self) -> bool:
-        return len(self.parts) == 2 and not self.leaf_name.startswith("_")
+        """A declaration module or a family package (the public API): no part of its name is private."""
+        return not any(part.startswith("_") for part in self.parts)
+
+    @property
+    def is_family(self) -> bool:
+        return self.is_package and len(self.parts) == 2 and self.is_public
 
 
 def _targets(node: ast.stmt) -> set[str]:
@@ -98,7 +128,7 @@ def _modules() -> dict[str, Module]:
         parts = list(relative.parts)
         if parts[-1] == "__init__":
             parts = parts[:-1]
-        if len(parts) < 2:  # patches/__init__.py and the catalogue-wide entry_points module
+        if len(parts) < 2:  # patches/__init__.py and the catalogue-wide modules (entry_points, _exports)
             continue
         name = ".".join(parts)
         found[name] = Module(name, path, ast.parse(path.read_text(encoding="utf-8"), str(path)))
@@ -130,7 +160,7 @@ def _imports_of(module: Module, modules: dict[str, Module]) -> set[str]:
 
 
 MODULES = _modules()
-FAMILIES = sorted({module.family for module in MODULES.values()})
+UPSTREAMS = sorted({module.upstream for module in MODULES.values()})
 ALL = sorted(MODULES)
 
 
@@ -180,18 +210,20 @@ def _cycles(names: list[str]) -> list[list[str]]:
 
 
 def test_the_catalogue_is_read():
-    assert {"megatron", "modelopt", "bridge", "vllm"} <= set(FAMILIES)
+    assert {"megatron", "modelopt", "bridge", "vllm"} <= set(UPSTREAMS)
     assert sum(module.declares for module in MODULES.values()) >= 10
+    assert {"megatron.mtp", "megatron.router_replay", "modelopt.qat", "bridge.qat"} <= {
+        name for name, module in MODULES.items() if module.is_family}
 
 
-@pytest.mark.parametrize("family", _cases("no_cycles", FAMILIES))
-def test_no_import_cycle_inside_a_family(family):
-    names = [name for name in ALL if MODULES[name].family == family]
+@pytest.mark.parametrize("upstream", _cases("no_cycles", UPSTREAMS))
+def test_no_import_cycle_inside_an_upstream(upstream):
+    names = [name for name in ALL if MODULES[name].upstream == upstream]
     assert _cycles(names) == []
 
 
 def test_no_import_cycle_across_the_catalogue():
-    cross = [c for c in _cycles(ALL) if len({MODULES[n].family for n in c}) > 1]
+    cross = [c for c in _cycles(ALL) if len({MODULES[n].upstream for n in c}) > 1]
     assert cross == []
 
 
@@ -234,6 +266,7 @@ def _is_declaration_statement(node: ast.stmt) -> bool:
 
 
 DECLARATIONS = [name for name in ALL if MODULES[name].is_public and MODULES[name].declares]
+FAMILY_PACKAGES = [name for name in ALL if MODULES[name].is_family]
 
 
 @pytest.mark.parametrize("name", _cases("declaration_only_declares", DECLARATIONS))
@@ -256,19 +289,26 @@ def _declared_ids(module: Module) -> list[str]:
 @pytest.mark.parametrize("name", _cases("declaration_named_after_patch", DECLARATIONS))
 def test_a_declaration_module_declares_one_patch_named_after_it(name):
     module = MODULES[name]
-    assert _declared_ids(module) == [f"{module.family}.{module.leaf_name}"]
+    assert _declared_ids(module) == [f"{module.upstream}.{module.leaf_name}"]
 
 
 @pytest.mark.parametrize("name", _cases("implementation_below_api", ALL))
 def test_implementation_modules_never_import_the_public_modules(name):
     module = MODULES[name]
-    if module.is_public or module.is_package or module.in_checks:  # self-checks drive the public API, as tests do
+    # Self-checks drive the public API, as tests do; ``_api`` modules hold the functions of a family's
+    # API (its package exports them) and sit with it on top.
+    if module.is_public or module.in_checks or module.leaf_name == "_api":
         return
     public = sorted(other for other in module.imports if MODULES[other].is_public)
     assert public == [], f"{name} imports the public module(s) {public}: move what it needs below them"
 
 
 LEAF_MODULES = [name for name in ALL if MODULES[name].leaf_name in LEAVES]
+
+
+@pytest.mark.parametrize("name", LEAF_MODULES)
+def test_leaf_modules_sit_at_the_upstream(name):
+    assert len(MODULES[name].parts) == 2, f"{name}: the leaves are patches/<upstream>/_errors.py and _constants.py"
 
 
 @pytest.mark.parametrize("name", _cases("leaf_imports_nothing", LEAF_MODULES))
@@ -303,18 +343,18 @@ def test_public_exception_classes_are_defined_in_the_errors_leaf(name):
     if module.leaf_name == "_errors" or module.in_checks:
         return
     public = [cls for cls in _exception_classes(module) if not cls.startswith("_")]
-    assert public == [], f"{name} defines {public}: define them in {module.family}._errors"
+    assert public == [], f"{name} defines {public}: define them in {module.upstream}._errors"
 
 
-@pytest.mark.parametrize("family", [f for f in FAMILIES if f"{f}._errors" in MODULES])
-def test_every_public_error_of_a_family_is_a_patchkit_error(family):
-    errors = importlib.import_module(f"{PACKAGE}.{family}._errors")
+@pytest.mark.parametrize("upstream", [u for u in UPSTREAMS if f"{u}._errors" in MODULES])
+def test_every_public_error_of_an_upstream_is_a_patchkit_error(upstream):
+    errors = importlib.import_module(f"{PACKAGE}.{upstream}._errors")
     classes = [value for value in vars(errors).values()
                if inspect.isclass(value) and issubclass(value, BaseException) and value.__module__ == errors.__name__]
-    assert classes, f"{family}._errors defines no error"
+    assert classes, f"{upstream}._errors defines no error"
     assert [cls.__name__ for cls in classes if not issubclass(cls, PatchkitError)] == []
     assert [cls.__name__ for cls in classes if cls.__name__.startswith("_")] == []
-    statically = set(_exception_classes(MODULES[f"{family}._errors"]))
+    statically = set(_exception_classes(MODULES[f"{upstream}._errors"]))
     assert statically == {cls.__name__ for cls in classes}
 
 
@@ -335,7 +375,7 @@ def test_self_checks_are_functions_of_the_checks_package(name):
     for reference in references:
         target, _, function = reference.partition(":")
         assert target.startswith(f".{CHECKS}."), f"{name}: {reference} is not in the family's {CHECKS}/"
-        checks = MODULES.get(f"{module.family}{target}")
+        checks = MODULES.get(f"{module.package}{target}")
         assert checks is not None, f"{name}: {reference} names a module that does not exist"
         defined = {n.name for n in checks.tree.body if isinstance(n, ast.FunctionDef)}
         assert function in defined, f"{name}: {checks.name} defines no {function}()"
@@ -344,7 +384,7 @@ def test_self_checks_are_functions_of_the_checks_package(name):
 @pytest.mark.parametrize("name", _cases("checks_apart", ALL))
 def test_self_check_scaffolding_stays_in_checks(name):
     module = MODULES[name]
-    assert module.leaf_name != "_selfchecks", f"{name}: self-checks live in {module.family}.{CHECKS}/"
+    assert module.leaf_name != "_selfchecks", f"{name}: self-checks live in {module.package}.{CHECKS}/"
     if module.in_checks:
         return
     uses_selfcheck = [ast.unparse(n) for n in ast.walk(module.tree) if isinstance(n, (ast.Import, ast.ImportFrom))
@@ -354,14 +394,105 @@ def test_self_check_scaffolding_stays_in_checks(name):
     assert into_checks == [], f"{name}: patch code imports self-check scaffolding {into_checks}"
 
 
+def _implementation_owner(module: Module) -> str | None:
+    """The declaration whose implementation ``module`` is (``_<tail>`` or inside ``_<tail>/``), if any."""
+    for depth in range(2, len(module.parts) + 1):
+        head = module.parts[:depth]
+        if head[-1].startswith("_") and head[-1][1:]:
+            declaration = ".".join([*head[:-1], head[-1][1:]])
+            if declaration in DECLARATIONS:
+                return declaration
+    return None
+
+
 @pytest.mark.parametrize("name", _cases("layout", ALL))
 def test_every_module_has_a_place_in_the_layout(name):
     module = MODULES[name]
-    depth = len(module.parts)
-    if depth == 1:
+    parts = module.parts
+    if len(parts) == 1:
         assert module.is_package  # patches/<upstream>/__init__.py
-    elif depth == 2:
-        assert not module.is_package or module.leaf_name == CHECKS, (
-            f"{name}: a family holds modules and its {CHECKS}/ package, no other sub-package")
-    else:
-        assert module.in_checks and depth == 3, f"{name}: only {CHECKS}/ nests, one level deep"
+        return
+    if module.in_checks:
+        checks = parts.index(CHECKS)
+        assert checks in (1, 2) and len(parts) <= checks + 2, (
+            f"{name}: {CHECKS}/ sits in an upstream or a family package and does not nest")
+        return
+    if module.is_public:
+        assert len(parts) in (2, 3), f"{name}: a declaration sits in its upstream or in a family package"
+        assert module.declares or module.is_family, (
+            f"{name}: a public module that declares no patch; a public API is a family package's __init__")
+        assert len(parts) == 2 or not module.is_package, f"{name}: a family package holds no public sub-package"
+        return
+    owner = _implementation_owner(module)
+    if owner is not None:
+        inside = parts[len(MODULES[owner].parts):]
+        if module.is_package or not inside:
+            return  # _<tail>.py or _<tail>/__init__.py
+        assert len(inside) == 1, f"{name}: an implementation package ({owner}) does not nest"
+        if re.match(r"^v\d", inside[0]):
+            assert VERSION_MODULE.match(inside[0]), f"{name}: a release module is named v<major><minor> (v014)"
+        return
+    # A private module the upstream or a family shares: never inside another module's package.
+    assert len(parts) <= 3 and not module.is_package, (
+        f"{name}: a private package must be the implementation of a patch (_<id tail>/) or {CHECKS}/")
+
+
+def _references(declaration: str) -> list[str]:
+    """The string references the installs of ``declaration``'s patches name (replacement code)."""
+    found = []
+    for patch in importlib.import_module(f"{PACKAGE}.{declaration}").PATCHES:
+        for variant in patch.variants:
+            for action in variant.installs:
+                values = [getattr(action, field, None) for field in ("replacement", "factory", "value", "install",
+                                                                      "uninstall")]
+                found.extend(v for v in values if isinstance(v, str))
+    return found
+
+
+@pytest.mark.parametrize("name", _cases("implementation_named_after_patch", DECLARATIONS))
+def test_a_patch_s_implementation_is_found_from_its_id(name):
+    module = MODULES[name]
+    implementation = f"_{module.leaf_name}"
+    for reference in _references(name):
+        target = reference.partition(":")[0]
+        assert target.startswith("."), f"{name}: {reference} is not relative to the declaration's package"
+        first = target[1:].split(".")[0]
+        assert first == implementation, (
+            f"{name}: {reference} is not in {implementation}.py or {implementation}/ beside the declaration")
+        assert f"{module.package}{target}" in MODULES, f"{name}: {reference} names a module that does not exist"
+
+
+def _top_level_names(module: Module) -> set[str]:
+    names: set[str] = set()
+    for node in module.tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            names |= _targets(node)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+    return names
+
+
+@pytest.mark.parametrize("name", _cases("api_in_family_package", FAMILY_PACKAGES))
+def test_a_family_package_s_api_is_lazy_and_names_where_each_name_is_defined(name):
+    module = MODULES[name]
+    package = importlib.import_module(f"{PACKAGE}.{name}")  # cheap: no upstream, no torch
+    exports = getattr(package, "_EXPORTS", {})
+    public = [n for n in getattr(package, "__all__", [])]
+    bound = {n for n in vars(package) if not n.startswith("_")} - {"annotations", "TYPE_CHECKING"}
+    submodules = {other.leaf_name for other in MODULES.values() if other.package == module.name}
+    assert sorted(public) == sorted(set(exports) | (bound - submodules)), (
+        f"{name}.__all__ must list exactly its lazily exported names and the names it binds")
+    private_aliases = [f"{alias.name} as {alias.asname}" for node in module.tree.body
+                       if isinstance(node, ast.ImportFrom) for alias in node.names
+                       if alias.asname and alias.asname.startswith("_") and not alias.name.startswith("_")]
+    assert private_aliases == [], f"{name} keeps private aliases {private_aliases}"
+    at_import = Module(module.name, module.path, ast.Module(
+        body=[node for node in module.tree.body if isinstance(node, (ast.Import, ast.ImportFrom))], type_ignores=[]))
+    eager = sorted(other for other in _imports_of(at_import, MODULES) if other.rpartition(".")[2] not in LEAVES)
+    assert eager == [], f"{name} imports {eager} when imported: export their names through _EXPORTS"
+    for exported, relative in exports.items():
+        target = importlib.util.resolve_name(relative, f"{PACKAGE}.{name}")[len(PACKAGE) + 1:]
+        assert target in MODULES, f"{name}: {exported} is exported from {relative}, which does not exist"
+        assert exported in _top_level_names(MODULES[target]), f"{name}: {target} does not define {exported}"

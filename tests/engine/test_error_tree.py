@@ -1,7 +1,7 @@
 """One error tree: every error patchkit or its catalogue raises on purpose is a ``patchkit.PatchkitError``,
 and nothing that is not an exception is named like one.
 
-Imported, not read: the public API modules of the catalogue (``router_replay_api``, ``mtp_api``,
+Imported, not read: the public API modules of the catalogue (the family packages ``router_replay``, ``mtp``,
 ``qat``, ``refit``, ...) and each family's ``_errors`` leaf import neither torch nor an upstream, so
 this runs in the engine environment. Public API modules are found by listing ``patches/`` (a public
 module that declares no ``PATCHES``), so a new one is walked the day it is added.
@@ -25,13 +25,19 @@ CATALOGUE = Path(__file__).resolve().parents[2] / "patches"
 
 
 def _catalogue_modules() -> list[str]:
-    """Each family's ``_errors`` leaf and every public API module (public, no ``PATCHES``)."""
+    """Each upstream's ``_errors`` leaf and every public API: a family package, or a public module
+    that declares no ``PATCHES``."""
     names = []
-    for family in sorted(p for p in CATALOGUE.iterdir() if (p / "__init__.py").exists()):
-        for path in sorted(family.glob("*.py")):
-            public_api = not path.stem.startswith("_") and not declares_patches(str(path))
-            if path.stem == "_errors" or public_api:
-                names.append(f"patchkit.patches.{family.name}.{path.stem}")
+    for upstream in sorted(p for p in CATALOGUE.iterdir() if (p / "__init__.py").exists()):
+        for path in sorted(upstream.iterdir()):
+            dotted = f"patchkit.patches.{upstream.name}.{path.stem}"
+            if path.is_dir() and (path / "__init__.py").exists() and not path.name.startswith("_"):
+                names.append(dotted)
+                names += [f"{dotted}.{module.stem}" for module in sorted(path.glob("[!_]*.py"))
+                          if not declares_patches(str(module))]
+            elif path.suffix == ".py" and (path.stem == "_errors" or (
+                    not path.stem.startswith("_") and not declares_patches(str(path)))):
+                names.append(dotted)
     return names
 
 
@@ -67,7 +73,7 @@ def test_every_public_error_of_the_catalogue_is_a_patchkit_error(module_name):
 
 @pytest.mark.parametrize("module_name", CATALOGUE_MODULES)
 def test_public_modules_re_export_the_errors_leafs_classes(module_name):
-    """``from patchkit.patches.megatron.router_replay_api import RouterReplayError`` still works and
+    """``from patchkit.patches.megatron.router_replay import RouterReplayError`` still works and
     is the one class (catching it catches what every module of the family raises)."""
     for cls in _exported_errors(module_name):
         assert cls.__module__.endswith("._errors"), f"{cls.__qualname__} is defined in {cls.__module__}"

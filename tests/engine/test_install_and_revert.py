@@ -265,3 +265,23 @@ def test_status_says_displaced_after_a_reload_and_apply_all_installs_the_patch_a
     assert snapshot(core) == (patched_forward, patched_backward, patched_compute)
     (record,) = engine.revert_all()
     assert record.state is State.REVERTED and core.Model().forward(1) == 2 and core.compute(1) == 10
+
+
+def test_why_not_installed_answers_none_once_one_of_the_patches_is_installed(engine, make_upstream, monkeypatch):
+    import patchkit
+
+    monkeypatch.setattr(patchkit, "engine", lambda: engine)
+    up = make_upstream()
+    up.import_core()
+    engine.register(make_patch(up, three_targets(up), opt_in=True))
+    engine.apply_all()
+    assert patchkit.why_not_installed("toy.multi") == (
+        "patch 'toy.multi' is skipped, opt_in (opt-in: enable with PATCHKIT_ENABLE)")
+    assert patchkit.why_not_installed("toy.unknown") == "patch 'toy.unknown' is not registered"
+    engine.apply_all(enable="toy.multi")
+    assert patchkit.why_not_installed("toy.multi") is None
+    assert patchkit.why_not_installed("toy.unknown", "toy.multi") is None
+    engine.revert("toy.multi")
+    assert patchkit.why_not_installed("toy.multi") == "patch 'toy.multi' is reverted (originals restored)"
+    with pytest.raises(ValueError, match="at least one patch id"):
+        patchkit.why_not_installed()

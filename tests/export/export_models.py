@@ -55,7 +55,7 @@ def full_state(model) -> dict[str, torch.Tensor]:
 def load_shard(model, state: dict[str, torch.Tensor]) -> None:
     """Fill a parallel rank's model from a single-rank state: TP slices, global layer and expert numbers."""
     from megatron.core import parallel_state as mpu
-    from patchkit.patches.modelopt._export_names import global_names
+    from patchkit.patches.modelopt.qat._export_names import global_names
 
     names = [n for n, _ in model.named_parameters() if "_quantizer" not in n]
     renamed = global_names(model, names)

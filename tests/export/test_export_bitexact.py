@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 from export_models import build_gpt, qat
-from patchkit.patches.modelopt._nvfp4_pack import dequantize_nvfp4, quantize_nvfp4
 from patchkit.patches.modelopt.qat import export_implementation, export_qat_config, export_qat_weights
+from patchkit.patches.modelopt.qat._nvfp4_pack import dequantize_nvfp4, quantize_nvfp4
 
 CASES = [
     pytest.param(False, torch.float32, id="dense-fp32"),

@@ -19,9 +19,9 @@ if not torch.cuda.is_available():
 def test_cuda_export_equals_modelopt_export_and_the_kernels_fake_quant(megatron_gpu, moe):
     from export_models import build_gpt
     from modelopt.torch.export import quant_utils
-    from patchkit.patches.modelopt._checks._nvfp4_grid import at_rounding_tie
-    from patchkit.patches.modelopt._nvfp4_pack import dequantize_nvfp4
     from patchkit.patches.modelopt.qat import apply_qat, export_qat_weights
+    from patchkit.patches.modelopt.qat._checks._nvfp4_grid import at_rounding_tie
+    from patchkit.patches.modelopt.qat._nvfp4_pack import dequantize_nvfp4
 
     model = build_gpt(moe, dtype=torch.bfloat16, seed=3).cuda()
     (model,) = apply_qat([model], backend=None)  # ModelOpt's CUDA/Triton kernel

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from patchkit.patches.modelopt._nvfp4_pack import E2M1_MAX, E4M3_MAX, quantize_nvfp4
+from patchkit.patches.modelopt.qat._nvfp4_pack import E2M1_MAX, E4M3_MAX, quantize_nvfp4
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -61,7 +61,7 @@ def test_rounding_ties_zero_tiny_huge_infinite_and_negative_zero_blocks_pack_to_
 @pytest.mark.gpu
 @needs_cuda
 def test_non_contiguous_weight_and_auto_backend():
-    from patchkit.patches.modelopt import _nvfp4_pack_triton
+    from patchkit.patches.modelopt.qat import _nvfp4_pack_triton
 
     weight = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16).t()  # (256, 64), not contiguous
     amax = weight.float().abs().amax()

@@ -37,7 +37,7 @@ def moe_replay(megatron_cpu: None) -> Iterator[dict[str, Any]]:
     another's recorded indices or policy.
     """
     from moe_harness import cpu_moe
-    from patchkit.patches.megatron import router_replay_api as replay
+    from patchkit.patches.megatron import router_replay as replay
     from replay_models import REPLAY_PATCH_IDS
 
     import patchkit

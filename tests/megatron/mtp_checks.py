@@ -84,7 +84,7 @@ OUTPUT_WEIGHT = "output_layer.weight"
 @contextlib.contextmanager
 def output_head(choice: str) -> Iterator[None]:
     """The process-wide MTP output-head option set to ``choice`` for the block."""
-    from patchkit.patches.megatron import _mtp_options
+    from patchkit.patches.megatron.mtp import _options as _mtp_options
 
     _mtp_options.configure(output_head=choice)
     try:

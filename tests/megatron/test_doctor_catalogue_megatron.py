@@ -47,7 +47,7 @@ def test_tms_hook_mode_check_is_verified():
 def test_tms_hook_mode_check_fails_with_upstreams_setter(monkeypatch):
     """0.16+: torch_memory_saver's own setter back. 0.14/0.15 (native): the release given 0.16's statement."""
     pytest.importorskip("torch_memory_saver")
-    from patchkit.patches.megatron._checks import _tms_hook_mode_probe as probe
+    from patchkit.patches.megatron.memory._checks import _tms_hook_mode_probe as probe
 
     with patchkit.applied("megatron.tms_hook_mode") as (status,):
         if status.to_dict()["reason"] == "native":

@@ -117,9 +117,9 @@ def test_every_router_replay_check_is_verified(applied_replay):
 
 
 def test_router_replay_check_leaves_other_routers_replay_state_alone(applied_replay):
-    from patchkit.patches.megatron import router_replay_api as replay
+    from patchkit.patches.megatron.router_replay._owner import replay_class
 
-    registry = replay._replay_class().global_router_replay_instances
+    registry = replay_class().global_router_replay_instances
     before = list(registry)
     run(["megatron.router_replay"], device="cpu")
     assert registry == before
@@ -128,10 +128,10 @@ def test_router_replay_check_leaves_other_routers_replay_state_alone(applied_rep
 @pytest.mark.breaks("megatron.router_replay")
 def test_router_replay_check_fails_when_replay_computes_its_own_topk(applied_replay, monkeypatch):
     """Native (0.16+): upstream's replay hook removed; backport (0.14/0.15): the patch bypassed."""
-    from patchkit.patches.megatron import router_replay_api as replay
+    from patchkit.patches.megatron.router_replay._owner import replay_class
 
     if applied_replay["megatron.router_replay"].reason is Reason.NATIVE:
-        original = replay._replay_class().get_replay_topk
+        original = replay_class().get_replay_topk
 
         def ignore_replay(self, scores, topk, num_groups=None, group_topk=None, default_compute_topk=None):
             """Records as upstream does, but routes every replayed pass by its own top-k."""
@@ -139,7 +139,7 @@ def test_router_replay_check_fails_when_replay_computes_its_own_topk(applied_rep
                 return original(self, scores, topk, num_groups, group_topk, default_compute_topk)
             return default_compute_topk(scores, topk, num_groups=num_groups, group_topk=group_topk)
 
-        monkeypatch.setattr(replay._replay_class(), "get_replay_topk", ignore_replay)
+        monkeypatch.setattr(replay_class(), "get_replay_topk", ignore_replay)
         (verdict,) = run(["megatron.router_replay"], device="cpu")[0]
         expected = "REPLAY_FORWARD of the packed record routes every token as recorded (tokens routed differently): "
     else:  # upstream's TopKRouter: no replay state at all

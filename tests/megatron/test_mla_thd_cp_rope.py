@@ -3,7 +3,7 @@ config says ``context_parallel_size=1`` (AReaL's MLA configs).
 
 Upstream's own ``MLASelfAttention`` (local spec), driven through ``get_query_key_value_tensors``;
 each CP rank is one call on its zig-zag tokens with the CP group's ``size()``/``rank()`` stood in
-(``patches/megatron/_checks/_mla_thd_cp.py`` says why that is all MLA reads of it here). The
+(``patches/megatron/rope/_checks/_mla_thd_cp.py`` says why that is all MLA reads of it here). The
 reference is the same layer on the whole packed batch with CP=1.
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 from patchkit.patches.megatron._checks._harness import megatron_on
-from patchkit.patches.megatron._checks._mla_thd_cp import CP_SIZE, build_mla, compare_cp_ranks, zigzag_rows
 from patchkit.patches.megatron._errors import MlaRopeTableError
+from patchkit.patches.megatron.rope._checks._mla_thd_cp import CP_SIZE, build_mla, compare_cp_ranks, zigzag_rows
 
 import patchkit
 from patchkit.doctor import FAILED, VERIFIED, run
@@ -73,7 +73,7 @@ def test_patch_leaves_a_consistent_config_and_cp_1_alone():
 
 
 def test_a_table_that_does_not_start_at_position_0_is_refused_by_name():
-    from patchkit.patches.megatron._mla_thd_cp_rope_v014 import full_thd_rope_table
+    from patchkit.patches.megatron.rope._mla_thd_cp_rope import full_thd_rope_table
 
     cu_seqlens = torch.tensor([0, 16, 20], dtype=torch.int32)
     offset_table = (torch.arange(3, 8, dtype=torch.float32).view(-1, 1, 1, 1) * torch.ones(1, 1, 1, 4))
@@ -101,8 +101,8 @@ def test_check_fails_with_upstreams_apply_rotary_pos_emb():
 
 def test_wrapper_finds_cu_seqlens_and_cp_group_by_keyword_or_position():
     """MLA passes them by keyword; a caller passing upstream's order by position is served the same."""
-    from patchkit.patches.megatron._checks._mla_thd_cp import ContextParallelRank
-    from patchkit.patches.megatron._mla_thd_cp_rope_v014 import wrap_apply_rotary_pos_emb
+    from patchkit.patches.megatron.rope._checks._mla_thd_cp import ContextParallelRank
+    from patchkit.patches.megatron.rope._mla_thd_cp_rope import wrap_apply_rotary_pos_emb
 
     rows_seen = []
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from patchkit.patches.megatron._checks._moe_recompute_probe import Step, build_moe_gpt, train_step
+from patchkit.patches.megatron.moe._checks._moe_recompute_probe import Step, build_moe_gpt, train_step
 
 import patchkit
 from patchkit.selfcheck import upstream_behaviour

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.usefixtures("empty_mtp_tracker")
 
 @pytest.fixture
 def without_labels_default() -> Iterator[Callable[[str], None]]:
-    from patchkit.patches.megatron import _mtp_options
+    from patchkit.patches.megatron.mtp import _options as _mtp_options
 
     yield lambda choice: _mtp_options.configure(without_labels=choice) and None
     _mtp_options.reset_default()
@@ -114,7 +114,8 @@ def test_without_labels_option_per_model_and_bad_values(
     tiny_gpt: Callable[..., Any], batch: Batch, attached_mtp_losses: list[torch.Tensor],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from patchkit.patches.megatron import _mtp_options, mtp_api
+    from patchkit.patches.megatron import mtp
+    from patchkit.patches.megatron.mtp import _options as _mtp_options
 
     before = _mtp_options.default_options()
     with pytest.raises(_mtp_options.MTPOptionError, match="skip, derive"):
@@ -122,9 +123,9 @@ def test_without_labels_option_per_model_and_bad_values(
     assert _mtp_options.default_options() == before  # nothing half-configured
     model = tiny_gpt(mtp_num_layers=1)
     with pytest.raises(_mtp_options.MTPOptionError, match="without_labels"):
-        mtp_api.enable(model, without_labels="yes")
+        mtp.enable(model, without_labels="yes")
     assert "_postprocess" not in vars(model)  # refused before binding anything
-    mtp_api.enable(model, without_labels="derive")
+    mtp.enable(model, without_labels="derive")
     run(model, batch, labels=False)
     assert len(attached_mtp_losses) == 1
     monkeypatch.setenv(_mtp_options.WITHOUT_LABELS_ENV, "Derive")

@@ -227,13 +227,13 @@ def test_apply_all_installs_both_mtp_patches_only_when_enabled(
 ) -> None:
     from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.transformer.multi_token_prediction import MultiTokenPredictionLayer
-    from patchkit.patches.megatron import mtp_detach_inputs, mtp_postprocess, mtp_recompute
+    from patchkit.patches.megatron.mtp import mtp_detach_inputs, mtp_postprocess, mtp_recompute
 
     originals = (GPTModel.__dict__["_postprocess"], MultiTokenPredictionLayer.__dict__["_get_embeddings"])
     engine = patchkit.Engine()
     for patch in (*mtp_postprocess.PATCHES, *mtp_detach_inputs.PATCHES, *mtp_recompute.PATCHES):
         if patch.id != "megatron.mtp_recompute":  # not opt-in: applied by apply_all regardless
-            engine.register(patch, "patchkit.patches.megatron")
+            engine.register(patch, "patchkit.patches.megatron.mtp")
     try:
         records = {record.id: record for record in engine.apply_all(environ=environ)}
         for patch_id in ("megatron.mtp_postprocess", "megatron.mtp_detach_inputs"):

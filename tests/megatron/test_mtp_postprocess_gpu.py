@@ -79,12 +79,12 @@ def test_gpu_all_zero_loss_mask_gives_finite_gradients(megatron_gpu: None) -> No
 
 
 def test_gpu_enable_per_model_leaves_the_reference_model_upstream(megatron_gpu: None) -> None:
-    from patchkit.patches.megatron import mtp_api
+    from patchkit.patches.megatron import mtp
 
     batch = cuda_batch()
     policy, reference = cuda_model(1), cuda_model(1, seed=1)
     upstream_loss = run(reference, batch).detach()
-    mtp_api.enable(policy)
+    mtp.enable(policy)
     (run(policy, batch) * 0.0).sum().backward()
     assert_output_head_untouched_and_mtp_trains(policy)
     assert torch.equal(run(reference, batch).detach(), upstream_loss)

@@ -30,7 +30,11 @@ from mtp_checks import (
 from packaging.version import Version
 
 # The same drivers as the self-check (``check_mtp_recompute``): one piece of code.
-from patchkit.patches.megatron._checks._mtp_recompute_probe import RECOMPUTE, checkpointed_call_grad, mtp_layer_grads
+from patchkit.patches.megatron.mtp._checks._mtp_recompute_probe import (
+    RECOMPUTE,
+    checkpointed_call_grad,
+    mtp_layer_grads,
+)
 from tiny_gpt import VOCAB_SIZE, Batch
 
 import patchkit
@@ -111,7 +115,7 @@ def test_output_layer_bias_is_detached_not_dropped(
 
 
 def test_output_head_option_rejects_unknown_values(monkeypatch: pytest.MonkeyPatch) -> None:
-    from patchkit.patches.megatron import _mtp_options
+    from patchkit.patches.megatron.mtp import _options as _mtp_options
 
     with pytest.raises(_mtp_options.MTPOptionError, match="detached, trained"):
         _mtp_options.configure(output_head="frozen")
@@ -170,7 +174,7 @@ def test_mtp_loss_rolls_over_the_batchs_cp_group(
 
     # Both the 0.14-0.16 loop (its module global) and upstream's process_mtp_loss (0.17+) roll here.
     monkeypatch.setattr(mtp_module, "roll_tensor", recording_roll)
-    from patchkit.patches.megatron import _mtp_postprocess_v014
+    from patchkit.patches.megatron.mtp._mtp_postprocess import v014 as _mtp_postprocess_v014
 
     monkeypatch.setattr(_mtp_postprocess_v014, "roll_tensor", recording_roll, raising=False)
     cu_seqlens = torch.tensor([0, 7, 16], dtype=torch.int32)
@@ -195,12 +199,12 @@ def test_mtp_loss_rolls_over_the_batchs_cp_group(
 
 def test_enable_per_model_leaves_the_reference_model_upstream(tiny_gpt: Callable[..., Any], batch: Batch) -> None:
     from megatron.core.models.gpt.gpt_model import GPTModel
-    from patchkit.patches.megatron import mtp_api
+    from patchkit.patches.megatron import mtp
 
     class_postprocess = GPTModel.__dict__["_postprocess"]
     policy, reference = tiny_gpt(mtp_num_layers=1, seed=0), tiny_gpt(mtp_num_layers=1, seed=1)
     upstream_reference_loss = run(reference, batch).detach()
-    assert mtp_api.enable([policy], detach_inputs=True) == [policy]
+    assert mtp.enable([policy], detach_inputs=True) == [policy]
     assert GPTModel.__dict__["_postprocess"] is class_postprocess  # the class is untouched
 
     logits = run(policy, batch)
@@ -220,11 +224,11 @@ def test_enable_per_model_leaves_the_reference_model_upstream(tiny_gpt: Callable
 def test_disable_keeps_a_model_upstream_under_the_global_patch(
     tiny_gpt: Callable[..., Any], batch: Batch
 ) -> None:
-    from patchkit.patches.megatron import mtp_api
+    from patchkit.patches.megatron import mtp
 
     policy, reference = tiny_gpt(mtp_num_layers=1, seed=0), tiny_gpt(mtp_num_layers=1, seed=1)
     upstream_reference_loss = run(reference, batch).detach()
-    mtp_api.disable(reference)
+    mtp.disable(reference)
     with patchkit.applied("megatron.mtp_postprocess", "megatron.mtp_detach_inputs"):
         assert run(policy, batch).shape == (*batch.labels.shape, VOCAB_SIZE)
         assert torch.equal(run(reference, batch).detach(), upstream_reference_loss)
@@ -233,7 +237,7 @@ def test_disable_keeps_a_model_upstream_under_the_global_patch(
 
 
 def test_enable_per_model_takes_wrappers_and_options(tiny_gpt: Callable[..., Any], batch: Batch) -> None:
-    from patchkit.patches.megatron import mtp_api
+    from patchkit.patches.megatron import mtp
 
     model = tiny_gpt(mtp_num_layers=1)
 
@@ -242,14 +246,14 @@ def test_enable_per_model_takes_wrappers_and_options(tiny_gpt: Callable[..., Any
             super().__init__()
             self.module = module
 
-    assert mtp_api.enable(Wrapper(model), output_head="trained") == [model]
-    assert mtp_api.options_for(model).output_head == "trained"
+    assert mtp.enable(Wrapper(model), output_head="trained") == [model]
+    assert mtp.options_for(model).output_head == "trained"
     mtp_only_backward(model, batch)
     assert grad_magnitude(model.output_layer.weight) > 0
-    with pytest.raises(mtp_api.MTPModelError, match="GPTModel"):
-        mtp_api.enable(torch.nn.Linear(2, 2))
-    with pytest.raises(mtp_api.MTPOptionError):
-        mtp_api.enable(model, output_head="sideways")
+    with pytest.raises(mtp.MTPModelError, match="GPTModel"):
+        mtp.enable(torch.nn.Linear(2, 2))
+    with pytest.raises(mtp.MTPOptionError):
+        mtp.enable(model, output_head="sideways")
 
 
 # 6. Recompute: the MTP layer's checkpointed forward with non-tensor arguments.

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 from packaging.version import Version
-from patchkit.patches.megatron._checks._mtp_router_probe import (
+from patchkit.patches.megatron.mtp._checks._mtp_router_probe import (
     AUX_LOSS_CONFIG,
     empty_tracker,
     forced_entry_sizes,
@@ -99,7 +99,7 @@ def test_forced_tracker_entries_are_sized_for_decoder_and_mtp(moe_replay: dict, 
 
 def test_forced_tracker_keeps_entries_routers_already_made(moe_replay: dict) -> None:
     # An entry the routers created (this rank has MoE layers) is left as it is, values included.
-    from patchkit.patches.megatron._checks._mtp_router_probe import tracked_values
+    from patchkit.patches.megatron.mtp._checks._mtp_router_probe import tracked_values
 
     with patchkit.applied(PATCH), empty_tracker():
         model = _model(1)
@@ -118,7 +118,7 @@ def test_forced_tracker_keeps_entries_routers_already_made(moe_replay: dict) -> 
 @pytest.mark.skipif(MCORE < Version("0.19"), reason="RouterReplay.layer_number is new in megatron-core 0.19")
 @pytest.mark.parametrize("mtp_num_layers", [1, 2])
 def test_mtp_router_replay_states_are_numbered_after_the_decoder(moe_replay: dict, mtp_num_layers: int) -> None:
-    from patchkit.patches.megatron import router_replay_api as replay
+    from patchkit.patches.megatron import router_replay as replay
 
     upstream = replay_layer_numbers(_model(mtp_num_layers))
     upstream_mtp = sorted(n for name, n in upstream.items() if name.startswith("mtp."))

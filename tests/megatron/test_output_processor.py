@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from patchkit.patches.megatron._checks._output_processor_probe import (
+from patchkit.patches.megatron.gpt._checks._output_processor_probe import (
     LogProbContext,
     OutputLayerCalls,
     build_gpt,
@@ -139,7 +139,7 @@ def test_the_context_reaches_the_processor_and_the_model_is_left_as_it_was(hook,
 def test_mtp_with_a_processor(hook, tiny_gpt, batch, empty_mtp_tracker):
     """0.18+: the processor gets the main-head hidden states with the MTP loss attached. Before 0.18 the MTP
     loss lives inside _postprocess: a typed error says so, and the model is left usable."""
-    from patchkit.patches.megatron._output_processor_v014 import OutputProcessorWithMTPError
+    from patchkit.patches.megatron.gpt._output_processor import OutputProcessorWithMTPError
 
     model = tiny_gpt(mtp_num_layers=1)
     if NATIVE:

@@ -1,4 +1,4 @@
-"""Router replay on a tiny MoE GPT (real megatron-core on CPU), through ``router_replay_api``.
+"""Router replay on a tiny MoE GPT (real megatron-core on CPU), through ``patchkit.patches.megatron.router_replay``.
 
 The same tests run on every megatron-core release: 0.14/0.15 through patchkit's backport,
 0.16+ through upstream's native replay.
@@ -14,7 +14,8 @@ import types
 
 import pytest
 import torch
-from patchkit.patches.megatron import router_replay_api as replay
+from patchkit.patches.megatron import router_replay as replay
+from patchkit.patches.megatron.router_replay._owner import replay_class, replay_module
 from replay_models import (
     REPLAY_PATCH_IDS,
     TOPK,
@@ -344,13 +345,13 @@ def test_record_and_replay_of_the_same_indices_equal_upstream_routing(moe_replay
     logits = torch.randn(24, 8, generator=torch.Generator().manual_seed(4))
     want_probs, want_map = moe_utils.topk_routing_with_score_function(logits, 3, **kwargs)
 
-    state = replay._replay_class()()
-    state.set_router_replay_action(replay._replay_module().RouterReplayAction("record"))
+    state = replay_class()()
+    state.set_router_replay_action(replay_module().RouterReplayAction("record"))
     probs, routing_map = router_module.topk_routing_with_score_function(logits, 3, router_replay=state, **kwargs)
     assert torch.equal(probs, want_probs) and torch.equal(routing_map, want_map)
 
     state.set_target_indices(state.get_recorded_indices())
-    state.set_router_replay_action(replay._replay_module().RouterReplayAction("replay_forward"))
+    state.set_router_replay_action(replay_module().RouterReplayAction("replay_forward"))
     probs, routing_map = router_module.topk_routing_with_score_function(logits, 3, router_replay=state, **kwargs)
     assert torch.equal(routing_map, want_map)
     torch.testing.assert_close(probs, want_probs, rtol=0, atol=0)
@@ -361,7 +362,7 @@ def test_backport_refuses_replay_on_the_fused_topk_path(moe_replay):
         pytest.skip("native replay: upstream's fused path is upstream's behaviour")
     from megatron.core.transformer.moe import router as router_module
 
-    state = replay._replay_class()()
-    state.set_router_replay_action(replay._replay_module().RouterReplayAction("replay_forward"))
+    state = replay_class()()
+    state.set_router_replay_action(replay_module().RouterReplayAction("replay_forward"))
     with pytest.raises(replay.RouterReplayError, match="moe_router_fusion=False"):
         router_module.topk_routing_with_score_function(torch.randn(4, 8), 2, fused=True, router_replay=state)

@@ -1,7 +1,7 @@
 """Router replay across real spawned ranks (gloo, CPU): PP=2, PP=2 x VPP=2, TP=2 with sequence
 parallelism, EP=2, CP=2. Each scenario records in one forward, changes every router's expert
 bias (so fresh routing differs), replays in another forward, and every rank checks its routing
-maps equal the recorded ones. Indices move between ranks only through ``router_replay_api``:
+maps equal the recorded ones. Indices move between ranks only through ``patchkit.patches.megatron.router_replay``:
 the pipeline gather / merge by layer number, the sequence-parallel gather and shard, CP unpack/pack.
 
 Run as a script, this file is one rank (``python test_router_replay_distributed.py RANK WORLD PORT OUT``).
@@ -98,7 +98,7 @@ def _setup(**sizes):
 
 def _teardown():
     from megatron.core import parallel_state
-    from patchkit.patches.megatron import router_replay_api as replay
+    from patchkit.patches.megatron import router_replay as replay
 
     replay.reset()
     parallel_state.destroy_model_parallel()
@@ -151,7 +151,7 @@ def _pipeline_forward(chunks, batch, rank, world):
 def _scenario_pipeline(rank, vpp):
     import torch
     from megatron.core import parallel_state
-    from patchkit.patches.megatron import router_replay_api as replay
+    from patchkit.patches.megatron import router_replay as replay
     from replay_models import build_tiny_moe, causal_batch, shift_expert_bias
 
     world = 2
@@ -221,7 +221,7 @@ def _scenario_simple(rank, *, sizes, overrides, pack_cp=False):
     """TP / EP / CP: one stage; indices go through the gather/unpack/pack path of the scenario."""
     import torch
     from megatron.core import parallel_state
-    from patchkit.patches.megatron import router_replay_api as replay
+    from patchkit.patches.megatron import router_replay as replay
     from replay_models import build_tiny_moe, causal_batch, forward_loss, shift_expert_bias
 
     _setup(**sizes)

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from patchkit.patches.megatron import router_replay_api as replay
+from patchkit.patches.megatron import router_replay as replay
 from replay_models import (
     REPLAY_PATCH_IDS,
     TOPK,

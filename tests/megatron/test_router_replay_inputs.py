@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from moe_harness import cpu_moe
-from patchkit.patches.megatron import router_replay_api as replay
+from patchkit.patches.megatron import router_replay as replay
 from replay_models import TOPK, build_tiny_moe
 
 import patchkit

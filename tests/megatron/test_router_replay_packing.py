@@ -7,7 +7,7 @@ import types
 
 import pytest
 import torch
-from patchkit.patches.megatron import router_replay_api as replay
+from patchkit.patches.megatron import router_replay as replay
 
 PAD = -1  # fill used below so padding slots are visible in the expected layouts
 
@@ -201,7 +201,7 @@ def test_pack_without_cp_rank_returns_every_rank_stacked():
 
 
 def test_sequence_parallel_shard_is_the_contiguous_tp_slice():
-    from patchkit.patches.megatron._router_replay_packing import sequence_parallel_shard
+    from patchkit.patches.megatron.router_replay._packing import sequence_parallel_shard
 
     layout = _layout([3, 5], tp_size=2)
     packed = replay.pack(_per_sample([3, 5], 7), layout, fill=PAD)
@@ -220,7 +220,7 @@ def test_api_module_imports_neither_torch_nor_megatron():
     import sys
 
     script = (
-        "import sys; from patchkit.patches.megatron import router_replay_api; "
+        "import sys; from patchkit.patches.megatron.router_replay import enable, for_model, set_action; "
         "print(sorted(m for m in ('torch', 'megatron') if m in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)

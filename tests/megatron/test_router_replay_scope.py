@@ -12,7 +12,7 @@ import functools
 
 import pytest
 import torch
-from patchkit.patches.megatron import router_replay_api as replay
+from patchkit.patches.megatron import router_replay as replay
 from replay_models import (
     NUM_EXPERTS,
     TOPK,
@@ -363,7 +363,7 @@ def test_foreign_replay_class_in_the_router_module_never_breaks_the_alltoall_pre
 
 
 def test_validation_wrapper_stands_aside_for_a_foreign_class_it_wrapped(moe_replay):
-    from patchkit.patches.megatron._router_replay_checks import wrap_get_replay_topk
+    from patchkit.patches.megatron.router_replay._router_replay_validation import wrap_get_replay_topk
 
     wrapped = wrap_get_replay_topk(ForeignRouterReplay.get_replay_topk)
     ForeignRouterReplay.router_instances = []

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from patchkit.patches.megatron import router_replay_api as replay
+from patchkit.patches.megatron import router_replay as replay
 
 TOPK = 2
 

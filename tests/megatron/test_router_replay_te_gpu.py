@@ -6,7 +6,7 @@ rebuilt with ``get_gpt_layer_with_transformer_engine_spec`` and given the same w
 biases: TE fuses the input layer norm into the QKV linear (``input_layernorm.*`` becomes
 ``self_attention.linear_qkv.layer_norm_*``); the MoE layer keeps its own ``pre_mlp_layernorm``
 (TENorm) and its experts become TE linears of the same names. Each model is driven through
-``router_replay_api.for_model`` (both models' routers live in the same process).
+``router_replay.for_model`` (both models' routers live in the same process).
 
 Checked: routes recorded on one spec and replayed on the other (after both models' expert biases
 moved, so a fresh pass would route elsewhere) give the recording model's routing maps exactly, and
@@ -31,7 +31,7 @@ import pytest
 import torch
 from megatron_gpu_setup import REQUIRES_TE
 from megatron_gpu_setup import te_twin as shared_te_twin
-from patchkit.patches.megatron import router_replay_api as replay
+from patchkit.patches.megatron import router_replay as replay
 from replay_models import (
     NUM_EXPERTS,
     REPLAY_PATCH_IDS,

@@ -13,7 +13,7 @@ import inspect
 import pickle
 
 import pytest
-from patchkit.patches.megatron._routing_replay_keyword_alias import RoutingReplayKeywordConflict
+from patchkit.patches.megatron.router_replay._routing_replay_keyword.alias import RoutingReplayKeywordConflict
 from replay_models import REPLAY_PATCH_IDS, megatron_version, routers
 
 import patchkit
@@ -123,7 +123,7 @@ def test_model_from_the_keyword_gets_replay_state_in_every_router(megatron_cpu):
     from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.transformer.transformer_config import TransformerConfig
     from moe_harness import cpu_moe
-    from patchkit.patches.megatron import router_replay_api as replay
+    from patchkit.patches.megatron import router_replay as replay
 
     with cpu_moe(), patchkit.applied(PATCH, *REPLAY_PATCH_IDS):
         replay.reset()

@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("torch_memory_saver")
 
-from patchkit.patches.megatron._checks._tms_hook_mode_probe import (  # noqa: E402
+from patchkit.patches.megatron.memory._checks._tms_hook_mode_probe import (  # noqa: E402
     fresh_saver,
     hook_mode_statements,
     ld_preload,

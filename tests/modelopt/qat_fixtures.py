@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "megatron"))
 from cpu_harness import cpu_megatron, destroy_parallel_state, free_port, initialize_parallel_state  # noqa: E402,F401
 
 # The grid check is shipped: the ModelOpt self-check judges NVFP4 output with the same code.
-from patchkit.patches.modelopt._checks._nvfp4_grid import E2M1, assert_blocks_on_fp4_grid  # noqa: E402,F401
+from patchkit.patches.modelopt.qat._checks._nvfp4_grid import E2M1, assert_blocks_on_fp4_grid  # noqa: E402,F401
 
 VOCAB_SIZE = 128
 SEQ_LEN = 16

@@ -22,7 +22,7 @@ def _doctor_leaves_no_patch_applied():
 @pytest.fixture
 def backend():
     with patchkit.applied(PATCH):
-        from patchkit.patches.modelopt import _nvfp4_cpu_backend
+        from patchkit.patches.modelopt.qat import _nvfp4_cpu_fake_quant as _nvfp4_cpu_backend
 
         yield _nvfp4_cpu_backend
 

@@ -20,7 +20,7 @@ import patchkit
 @pytest.fixture
 def cpu_backend_module():
     with patchkit.applied("modelopt.nvfp4_cpu_fake_quant"):
-        from patchkit.patches.modelopt import _nvfp4_cpu_backend
+        from patchkit.patches.modelopt.qat import _nvfp4_cpu_fake_quant as _nvfp4_cpu_backend
 
         yield _nvfp4_cpu_backend
 
@@ -96,7 +96,7 @@ def test_patch_registers_the_backend_and_revert_removes_it():
 
 def test_backend_is_opt_in():
     # A private engine holding only this patch, so apply_all installs nothing else in the process.
-    from patchkit.patches.modelopt import nvfp4_cpu_fake_quant as declaration
+    from patchkit.patches.modelopt.qat import nvfp4_cpu_fake_quant as declaration
 
     engine = patchkit.Engine([patchkit.Registered(declaration.PATCHES[0], declaration.__package__)])
     (record,) = engine.apply_all(environ={})

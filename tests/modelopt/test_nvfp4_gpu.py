@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import torch
 from modelopt.torch.quantization.nn import TensorQuantizer
-from patchkit.patches.modelopt._checks._nvfp4_grid import at_rounding_tie
 from patchkit.patches.modelopt.qat import apply_qat
+from patchkit.patches.modelopt.qat._checks._nvfp4_grid import at_rounding_tie
 from qat_fixtures import SEQ_LEN, VOCAB_SIZE, assert_blocks_on_fp4_grid, batch, build_tiny_moe_gpt
 
 pytestmark = [
@@ -47,7 +47,7 @@ def _modelopt_kernel(weight: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_cpu_backend_matches_modelopts_cuda_kernel(dtype, record_property):
-    from patchkit.patches.modelopt._nvfp4_cpu_backend import nvfp4_fake_quantize
+    from patchkit.patches.modelopt.qat._nvfp4_cpu_fake_quant import nvfp4_fake_quantize
 
     generator = torch.Generator().manual_seed(0)
     shapes = [(128, 256), (512, 1024), (3, 64, 160), (4096, 64)]
@@ -112,7 +112,7 @@ _FP16_TINY_GAP = pytest.mark.xfail(strict=True, reason="fp16 tiny blocks: 15/49,
 @pytest.mark.parametrize("dtype", [torch.bfloat16, pytest.param(torch.float16, marks=_FP16_TINY_GAP), torch.float32])
 def test_tiny_blocks_match_modelopts_cuda_kernel(dtype, record_property):
     """The installed release's rule for tiny block scales, against that release's own kernel."""
-    from patchkit.patches.modelopt._nvfp4_cpu_backend import (
+    from patchkit.patches.modelopt.qat._nvfp4_cpu_fake_quant import (
         RULE_047,
         RULE_048,
         installed_release_rule,

@@ -15,7 +15,7 @@ import importlib.metadata
 import pytest
 import torch
 from packaging.version import Version
-from patchkit.patches.modelopt import _nvfp4_cpu_backend as backend
+from patchkit.patches.modelopt.qat import _nvfp4_cpu_fake_quant as backend
 
 import patchkit
 

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 from modelopt.torch.quantization.nn import QuantModuleRegistry
-from patchkit.patches.modelopt import _qat_plugins
 from patchkit.patches.modelopt.qat import ModelOptPluginError, QATConfigError, apply_qat
+from patchkit.patches.modelopt.qat import _plugins as _qat_plugins
 
 PLUGIN_LOADED = sys.modules.get(_qat_plugins.MEGATRON_PLUGIN) is not None
 
@@ -44,3 +44,31 @@ def test_a_model_without_megatron_layers_does_not_blame_the_plugin(monkeypatch):
     with pytest.raises(QATConfigError, match="no linear layer") as info:
         apply_qat(torch.nn.Sequential(torch.nn.LayerNorm(16)))
     assert not isinstance(info.value, ModelOptPluginError)
+
+
+_FRESH = """
+import sys
+import modelopt.torch.quantization
+from megatron.core.tensor_parallel.layers import ColumnParallelLinear
+from patchkit.patches.modelopt.qat._plugins import MEGATRON_PLUGIN, megatron_plugin_failure
+print(MEGATRON_PLUGIN in sys.modules, repr(megatron_plugin_failure({ColumnParallelLinear})))
+"""
+
+
+def test_a_fresh_process_without_transformer_engine_finds_the_plugin_missing_on_048():
+    """Real ModelOpt, no harness: 0.48 drops its Megatron plugin without TransformerEngine, and the cause is found."""
+    import importlib.util
+    import subprocess
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    done = subprocess.run([sys.executable, "-W", "ignore", "-c", _FRESH], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    loaded, failure = done.stdout.strip().splitlines()[-1].split(" ", 1)
+    no_te = importlib.util.find_spec("transformer_engine") is None
+    if no_te and Version(version("nvidia-modelopt")) >= Version("0.48.0rc0"):
+        assert loaded == "False" and "transformer_engine" in failure
+    else:
+        assert loaded == "True" and failure == "None"

@@ -1,5 +1,5 @@
 """What several Megatron self-checks share: Megatron's parallel state on the check's device, and
-driving a tiny model's routers through ``router_replay_api``."""
+driving a tiny model's routers through ``patchkit.patches.megatron.router_replay``."""
 
 from __future__ import annotations
 
@@ -60,10 +60,10 @@ def moe_replay(device: str) -> Iterator[None]:
     The routers a check builds register in upstream's process-wide list; they are removed again, and
     the routers that were there before keep their actions and targets.
     """
-    from .. import router_replay_api as replay
+    from ..router_replay._owner import replay_class
     from ._cpu_stand_in import cpu_moe
 
-    registry = replay._replay_class().global_router_replay_instances
+    registry = replay_class().global_router_replay_instances
     before = list(registry)
     with megatron_on(device), cpu_moe() if device == "cpu" else contextlib.nullcontext():
         try:
@@ -77,16 +77,16 @@ def replay_routers(model: Any) -> list[Any]:
 
     found = [getattr(r, "router_replay", None) for r in routers(model)]
     expect(all(r is not None for r in found), "every MoE router of a model built after "
-           "router_replay_api.enable(config) has replay state", f"{len(found)} routers with replay state",
+           "router_replay.enable(config) has replay state", f"{len(found)} routers with replay state",
            f"{sum(r is not None for r in found)}")
     return found
 
 
 def drive(model_routers: list[Any], action: str | None, targets: list[torch.Tensor] | None = None) -> None:
     """Set this model's routers only (other models' routers in the process are not touched)."""
-    from .. import router_replay_api as replay
+    from ..router_replay._owner import replay_module
 
-    upstream = replay._replay_module().RouterReplayAction
+    upstream = replay_module().RouterReplayAction
     for index, router in enumerate(model_routers):
         if targets is not None:
             router.clear_indices()

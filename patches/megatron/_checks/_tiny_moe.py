@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .. import router_replay_api as replay
+from .. import router_replay as replay
 
 VOCAB_SIZE = 128
 NUM_EXPERTS = 8

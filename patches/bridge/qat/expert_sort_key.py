@@ -1,0 +1,43 @@
+"""``bridge.expert_sort_key``: Export sort keys order experts numerically in both namings (local_experts.N and
+weightN).
+
+Declaration only (data); the code lives in ``._expert_sort_key``.
+"""
+
+from __future__ import annotations
+
+from patchkit import Patch, Variant, Wrap
+
+BRIDGE = {"megatron-bridge": "megatron.bridge"}
+MODEL_BRIDGE = "megatron.bridge.models.conversion.model_bridge"
+BLOB = "https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/v0.3.1/src/megatron/bridge/models"
+V02_V03 = {"megatron-bridge": ">=0.2.0rc0,<0.4.0rc0"}
+V04 = {"megatron-bridge": ">=0.4.0rc0,<0.5.0rc0"}
+V05_V06 = {"megatron-bridge": ">=0.5.0rc0,<0.7.0rc0"}
+
+PATCHES = (
+    Patch(
+        id="bridge.expert_sort_key",
+        self_check="._checks.expert_sort_key:check_expert_sort_key",
+        summary="Export sort keys order experts numerically in both namings (local_experts.N and weightN).",
+        why="extract_sort_key reads only weightN/biasN, so local_experts.10 sorts before local_experts.2.",
+        upstream=f"{BLOB}/conversion/utils.py",
+        removal="Remove when extract_sort_key reads local_experts.N.",
+        version_modules=BRIDGE,
+        variants=(
+            Variant(
+                requires=V02_V03,
+                # Only the export call site in model_bridge. 0.3's peft_bridge imports the key too, for
+                # adapter export (adapters are not expert-sharded). It is left alone: model_bridge imports
+                # peft_bridge, so a variant targeting both would be installed as soon as peft_bridge is
+                # loaded, while model_bridge is still executing and lacks the attribute.
+                installs=(Wrap(f"{MODEL_BRIDGE}:extract_sort_key", "._expert_sort_key:wrap_extract_sort_key"),),
+            ),
+            Variant(
+                requires=V04,
+                installs=(Wrap(f"{MODEL_BRIDGE}:extract_sort_key", "._expert_sort_key:wrap_extract_sort_key"),),
+            ),
+            Variant(requires=V05_V06, native="extract_sort_key reads local_experts.N when there is no weightN/biasN"),
+        ),
+    ),
+)

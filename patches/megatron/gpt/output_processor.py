@@ -1,0 +1,46 @@
+"""``GPTModel.forward(output_processor=..., output_processor_context=...)`` on megatron-core 0.14-0.17.
+
+Declaration module. megatron-core 0.18 added the hook: with a processor, ``_postprocess`` hands the
+decoder's hidden states and the output layer (with the shared embedding weight, if tied) to it and
+returns what it returns, so a trainer computes log-probs and entropy chunk by chunk without the
+``[s, b, vocab]`` logits. The patch gives 0.14-0.17 the same keywords and call, and is native from
+0.18. MTP in the same postprocess is refused on 0.14-0.17 (typed error): their MTP loss is computed
+inside ``_postprocess`` with no point to hand over (verl's pre-0.18 fused path has no MTP either).
+"""
+
+from __future__ import annotations
+
+from patchkit import Patch, Variant, Wrap
+
+_GPT_MODEL = "megatron.core.models.gpt.gpt_model"
+
+PATCHES = (
+    Patch(
+        id="megatron.output_processor",
+        self_check="._checks.output_processor:check_output_processor",
+        summary=(
+            "GPTModel.forward takes output_processor / output_processor_context (0.18's hook) on 0.14-0.17: "
+            "the processor gets hidden states and the output layer instead of logits being computed."
+        ),
+        why=(
+            "RL trainers compute log-probs and entropy from the LM head in chunks (fused kernels) to avoid "
+            "materialising [s, b, vocab] logits; before 0.18 verl and NeMo-RL replace GPTModel.forward "
+            "for it. One hook on every release lets a framework drop that replacement."
+        ),
+        upstream="https://github.com/NVIDIA/Megatron-LM/blob/core_v0.18.0/megatron/core/models/gpt/gpt_model.py",
+        removal="Remove with support for megatron-core < 0.18 (native from 0.18).",
+        version_modules={"megatron-core": "megatron.core"},
+        variants=(
+            Variant(
+                label="forward-keywords",
+                requires={"megatron-core": ">=0.14,<0.18"},
+                installs=(Wrap(f"{_GPT_MODEL}:GPTModel.forward", "._output_processor:wrap_forward"),),
+            ),
+            Variant(
+                label="native-0.18",
+                requires={"megatron-core": ">=0.18,<0.20"},
+                native="GPTModel.forward takes output_processor and output_processor_context (0.18+)",
+            ),
+        ),
+    ),
+)

@@ -1,0 +1,120 @@
+"""The MTP functions of the public API (``patchkit.patches.megatron.mtp``): MTP for one model at a time.
+
+``enable`` binds the patched methods to the given model instances only (the class is untouched),
+using the variant of the installed megatron-core that the declaration selects, and marks them with
+their options; ``disable`` marks a model so that the process-wide patch, if applied, leaves it to
+upstream. This module imports neither torch nor megatron until a function is called.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Iterable
+from typing import Any
+
+from .._errors import MTPModelError
+from ._options import (
+    LAYER_MARK,
+    MODEL_MARK,
+    MTPOptions,
+    check_output_head,
+    check_without_labels,
+    default_options,
+)
+
+_DECLARATION_PACKAGE = __package__
+_POSTPROCESS_PATCH = "megatron.mtp_postprocess"
+_DETACH_PATCH = "megatron.mtp_detach_inputs"
+
+
+def _gpt_models(model: Any) -> list[Any]:
+    from megatron.core.models.gpt.gpt_model import GPTModel
+
+    chunks = list(model) if isinstance(model, (list, tuple)) else [model]
+    found = []
+    for chunk in chunks:
+        inner = chunk
+        while not isinstance(inner, GPTModel) and hasattr(inner, "module"):
+            inner = inner.module
+        if not isinstance(inner, GPTModel):
+            raise MTPModelError(
+                f"expected a megatron GPTModel (or a wrapper with .module, or a list of chunks); "
+                f"found {type(chunk).__name__} holding {type(inner).__name__}"
+            )
+        found.append(inner)
+    return found
+
+
+def _mtp_layers(gpt: Any) -> Iterable[Any]:
+    mtp = getattr(gpt, "mtp", None)
+    return list(getattr(mtp, "layers", ())) if mtp is not None else []
+
+
+def _factory(patch_id: str) -> Any:
+    """The ``Wrap`` factory of the variant the declaration selects for the installed megatron-core."""
+    from patchkit.runtime.errors import PatchkitError
+    from patchkit.runtime.installer import resolve_reference
+    from patchkit.runtime.versions import Outcome, installed_version, select_variant
+
+    from . import mtp_detach_inputs, mtp_postprocess
+
+    patch = next(p for module in (mtp_postprocess, mtp_detach_inputs) for p in module.PATCHES if p.id == patch_id)
+    versions = {dist: installed_version(dist, patch.version_modules.get(dist)) for dist in patch.distributions}
+    selection = select_variant(patch, versions)
+    if selection.outcome is not Outcome.SELECTED or selection.variant is None:
+        raise PatchkitError(f"{patch_id} cannot be enabled per model here: {selection.detail}")
+    (action,) = selection.variant.installs
+    return resolve_reference(action.factory, _DECLARATION_PACKAGE)
+
+
+def _bind(instance: Any, method: str, factory: Any) -> None:
+    unbound = getattr(type(instance), method)
+    setattr(instance, method, types.MethodType(factory(unbound), instance))
+
+
+def enable(
+    model: Any,
+    *,
+    output_head: str | None = None,
+    without_labels: str | None = None,
+    detach_inputs: bool = False,
+) -> list[Any]:
+    """Give ``model`` (and only it) the MTP postprocess behaviour, with its own options.
+
+    ``output_head``: ``"detached"`` or ``"trained"``; ``without_labels``: ``"skip"`` or
+    ``"derive"`` (see ``mtp._options``); each defaults to the process default. ``detach_inputs``:
+    also detach the MTP layers' inputs (``megatron.mtp_detach_inputs`` for this model only).
+    Calling it again replaces the options; the methods are bound once. Every option is checked
+    before any model changes.
+    """
+    defaults = default_options()
+    head = check_output_head(output_head, "enable(output_head=...)") if output_head else defaults.output_head
+    no_labels = (
+        check_without_labels(without_labels, "enable(without_labels=...)")
+        if without_labels
+        else defaults.without_labels
+    )
+    models = _gpt_models(model)
+    postprocess = _factory(_POSTPROCESS_PATCH)
+    detach = _factory(_DETACH_PATCH) if detach_inputs else None
+    for gpt in models:
+        if not isinstance(getattr(gpt, MODEL_MARK, None), MTPOptions) or "_postprocess" not in vars(gpt):
+            _bind(gpt, "_postprocess", postprocess)
+        setattr(gpt, MODEL_MARK, MTPOptions(enabled=True, output_head=head, without_labels=no_labels))
+        for layer in _mtp_layers(gpt):
+            if detach is not None and "_get_embeddings" not in vars(layer):
+                _bind(layer, "_get_embeddings", detach)
+            setattr(layer, LAYER_MARK, detach_inputs)
+    return models
+
+
+def disable(model: Any) -> list[Any]:
+    """Leave ``model`` to upstream: per-model bindings removed, the process-wide patches skip it."""
+    models = _gpt_models(model)
+    for gpt in models:
+        vars(gpt).pop("_postprocess", None)
+        setattr(gpt, MODEL_MARK, MTPOptions(enabled=False))
+        for layer in _mtp_layers(gpt):
+            vars(layer).pop("_get_embeddings", None)
+            setattr(layer, LAYER_MARK, False)
+    return models

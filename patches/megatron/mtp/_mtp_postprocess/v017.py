@@ -1,0 +1,153 @@
+"""``GPTModel._postprocess`` for megatron-core 0.17+: main-head logits, MTP losses attached.
+
+Derived from upstream ``GPTModel._postprocess`` of 0.17-0.19 (0.20 main: the same code), where
+the MTP loss lives in the module-level ``process_mtp_loss``. What changes: with MTP configured and
+no caller-supplied ``output_processor`` (0.18+), the patched call runs the MTP block and upstream's
+own ``process_mtp_loss`` (so rolling, scaling, clamped normalisation and tracker logging are
+upstream's) and returns the main-head logits ``[b, s, v]`` instead of the LM loss. What it hands
+``process_mtp_loss`` differs from upstream's own call, on purpose:
+
+- the output layer, detached unless the model's options say ``output_head="trained"``
+  (``mtp._options``; 0.19's ``mtp_detach_heads`` still works on top: it detaches what it detaches);
+- the CP group, ``packed_seq_params.cp_group`` when dynamic CP sets one, else the model's.
+
+``labels=None`` (``mtp._options``'s ``without_labels``): by default the MTP block is skipped
+and the main-head logits returned on every release (0.17-0.18 run the block and compute no loss;
+0.19 derives MTP labels from ``input_ids`` and attaches every depth's loss, which a reference
+model's log-prob pass pays for and, differentiated, gets other gradients from). With
+``"derive"`` the labels are derived as 0.19 derives them: by 0.19's own ``process_mtp_loss``
+there, by the same roll before ``process_mtp_loss`` on 0.17-0.18.
+
+Every other call (inference or speculative decoding, a pipeline stage without the output layer,
+no MTP, a caller's ``output_processor``, a model marked disabled, a positional caller) goes to the
+original unchanged. 0.17's ``_postprocess`` takes ``is_spec_decode``; 0.18+ take ``padding_mask``,
+``output_processor`` and ``output_processor_context``: every keyword the caller gave is passed on.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Optional
+
+import torch
+from megatron.core.transformer.multi_token_prediction import process_mtp_loss, roll_tensor
+
+from patchkit.runtime.probing import accepts_parameter, get_field
+
+from .._options import options_for
+from .logits import main_head_logits
+from .loss_parts import labels_from_input_ids, mtp_cp_group, mtp_output_layer
+
+try:  # 0.18+: inference is a process-wide mode, not a context argument
+    from megatron.core.inference.utils import InferenceMode
+except ImportError:  # 0.17
+    InferenceMode = None
+
+# 0.19 derives MTP labels from input_ids when labels is None.
+_DERIVES_LABELS = accepts_parameter(process_mtp_loss, "input_ids")
+_TAKES_TP_GROUP = accepts_parameter(process_mtp_loss, "tp_group")
+# Keywords of _postprocess that the MTP block takes under the same name.
+_MTP_BLOCK_KEYWORDS = (
+    "input_ids", "position_ids", "hidden_states", "attention_mask", "rotary_pos_emb", "rotary_pos_cos",
+    "rotary_pos_sin", "packed_seq_params", "sequence_len_offset", "padding_mask",
+)
+
+
+def _in_inference(model: Any, kwargs: dict[str, Any]) -> bool:
+    if kwargs.get("is_spec_decode"):
+        return True
+    if InferenceMode is not None and InferenceMode.is_active():
+        return True
+    return kwargs.get("inference_context") is not None and not model.training
+
+
+def _handled_here(model: Any, args: tuple, kwargs: dict[str, Any]) -> bool:
+    return (
+        not args  # GPTModel.forward passes everything by keyword; a positional caller is left to upstream
+        and kwargs.get("output_processor") is None
+        and bool(get_field(model.config, "mtp_num_layers", 0))
+        and model.post_process
+        and not _in_inference(model, kwargs)
+        and options_for(model).enabled
+    )
+
+
+def _run_mtp_block(model: Any, kwargs: dict[str, Any]) -> torch.Tensor:
+    block_kwargs = {name: kwargs[name] for name in _MTP_BLOCK_KEYWORDS if name in kwargs}
+    return model.mtp(
+        **block_kwargs,
+        inference_params=None,  # as upstream: MTP layers keep no KV cache
+        embedding=model.embedding,
+        **(kwargs.get("extra_block_kwargs") or {}),
+    )
+
+
+def _labels_and_mask(kwargs: dict[str, Any], cp_group: Any) -> tuple[Any, Optional[torch.Tensor]]:
+    """The caller's labels and loss mask; derived from ``input_ids`` where this release does not."""
+    labels, loss_mask = kwargs.get("labels"), kwargs.get("loss_mask")
+    if labels is not None or _DERIVES_LABELS:
+        return labels, loss_mask
+    roll_left = functools.partial(
+        roll_tensor, shifts=-1, dims=-1, cp_group=cp_group, packed_seq_params=kwargs.get("packed_seq_params")
+    )
+    return labels_from_input_ids(kwargs["input_ids"], loss_mask, roll_left)
+
+
+def _attach_mtp_losses(model: Any, hidden_states: torch.Tensor, kwargs: dict[str, Any],
+                       output_weight: Any) -> torch.Tensor:
+    packed_seq_params = kwargs.get("packed_seq_params")
+    cp_group = mtp_cp_group(packed_seq_params, model.pg_collection.cp)
+    labels, loss_mask = _labels_and_mask(kwargs, cp_group)
+    optional: dict[str, Any] = {}
+    if _TAKES_TP_GROUP:
+        optional["tp_group"] = model.tp_group
+    if _DERIVES_LABELS:
+        optional["input_ids"] = kwargs.get("input_ids")
+    return process_mtp_loss(
+        hidden_states=hidden_states,
+        labels=labels,
+        loss_mask=loss_mask,
+        output_layer=mtp_output_layer(model, options_for(model).detach_output_head),
+        output_weight=output_weight,
+        runtime_gather_output=kwargs.get("runtime_gather_output"),
+        is_training=model.training,
+        compute_language_model_loss=model.compute_language_model_loss,
+        config=model.config,
+        cp_group=cp_group,
+        packed_seq_params=packed_seq_params,
+        scale_logits_fn=model._scale_logits if model.config.use_mup else None,
+        **optional,
+    )
+
+
+def wrap_postprocess(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Factory for ``Wrap``: the patched ``_postprocess``, delegating to ``original`` when unchanged."""
+
+    @functools.wraps(original)
+    def _postprocess(self, *args: Any, **kwargs: Any) -> Any:
+        if not _handled_here(self, args, kwargs):
+            return original(self, *args, **kwargs)
+
+        hidden_states = kwargs["hidden_states"]
+        output_weight = None
+        if self.share_embeddings_and_output_weights:
+            output_weight = self.shared_embedding_or_output_weight()
+        if kwargs.get("labels") is None and not options_for(self).derive_labels:
+            # A log-prob pass (reference model, rollout scoring): no MTP loss, so no MTP block to run.
+            if not kwargs.get("mtp_in_postprocess"):
+                hidden_states = torch.chunk(hidden_states, 1 + self.config.mtp_num_layers, dim=0)[0]
+        else:
+            if kwargs.get("mtp_in_postprocess"):
+                hidden_states = _run_mtp_block(self, kwargs)
+            hidden_states = _attach_mtp_losses(self, hidden_states, kwargs, output_weight)
+        return main_head_logits(
+            self,
+            hidden_states,
+            output_weight,
+            kwargs.get("runtime_gather_output"),
+            scale_logits=self._scale_logits,
+            logger_payload={name: kwargs.get(name) for name in
+                            ("input_ids", "position_ids", "attention_mask", "decoder_input")},
+        )
+
+    return _postprocess

@@ -1,0 +1,145 @@
+"""What the MTP patches do for one model: the options, their process default, and per-model marks.
+
+Frameworks disagree on two points, so each is an option with a default rather than a silent choice:
+
+- ``output_head``: whether the MTP loss trains the output layer (lm_head) the main head shares.
+  ``"detached"`` (default; verl #6432 and slime detach it for RL, so the auxiliary MTP loss never
+  moves the policy's head) computes each depth's logits with every output-layer parameter (weight,
+  bias if any, a shared embedding weight) cut from the graph; the logits' values are unchanged.
+  ``"trained"`` is upstream Megatron's behaviour (and NeMo-RL's): the MTP loss back-propagates into
+  the output layer too.
+- ``without_labels``: what a forward without ``labels`` does with the MTP block. ``"skip"``
+  (default; verl's ``_postprocess`` patch and ROLL's run the MTP block only when labels are given,
+  and megatron-core 0.14-0.18 compute no MTP loss without them) returns the main-head logits and
+  runs no MTP layer: a reference model's or a rollout's log-prob pass neither pays for MTP nor
+  attaches an MTP loss that would move the gradients if the pass were differentiated. ``"derive"`` is megatron-core
+  0.19's behaviour (and so NeMo-RL's, which runs 0.19 unpatched): the MTP labels are the input ids
+  rolled left by one, the loss mask rolled alike, and every depth's MTP loss is attached as with
+  labels; the patch does the same on 0.14-0.18.
+
+The process defaults come from ``PATCHKIT_MTP_OUTPUT_HEAD`` and ``PATCHKIT_MTP_WITHOUT_LABELS``
+(parsed by ``patchkit.runtime.settings`` like every ``PATCHKIT_*`` variable, once, on first use,
+so every process of a job agrees without code) or :func:`configure`; a model marked by
+``mtp.enable``/``disable`` carries its own options and ignores the default.
+
+This module imports neither torch nor megatron.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+from patchkit.runtime import settings
+from patchkit.runtime.errors import ConfigError
+
+from .._errors import MTPOptionError
+
+OUTPUT_HEAD_ENV = settings.MTP_OUTPUT_HEAD
+OUTPUT_HEAD_CHOICES = settings.CHOICES[OUTPUT_HEAD_ENV]
+WITHOUT_LABELS_ENV = settings.MTP_WITHOUT_LABELS
+WITHOUT_LABELS_CHOICES = settings.CHOICES[WITHOUT_LABELS_ENV]
+#: Attribute a model instance (GPTModel) carries once marked per model.
+MODEL_MARK = "_patchkit_mtp_options"
+#: Attribute an MTP layer instance carries once marked per model (its input detach choice).
+LAYER_MARK = "_patchkit_mtp_detach_inputs"
+
+
+class MTPOptions(NamedTuple):
+    """How the MTP postprocess patch treats one model.
+
+    ``enabled`` False means upstream's behaviour for this model even where the process-wide patch
+    is applied (a frozen reference model). ``output_head`` and ``without_labels`` as in the module
+    docstring.
+    """
+
+    enabled: bool = True
+    output_head: str = "detached"
+    without_labels: str = "skip"
+
+    @property
+    def detach_output_head(self) -> bool:
+        return self.output_head == "detached"
+
+    @property
+    def derive_labels(self) -> bool:
+        return self.without_labels == "derive"
+
+
+def check_output_head(value: str, source: str) -> str:
+    if value not in OUTPUT_HEAD_CHOICES:
+        raise MTPOptionError(
+            f"{source}: output_head must be one of {', '.join(OUTPUT_HEAD_CHOICES)}; got {value!r}. "
+            "'detached' keeps the MTP loss off the shared output layer (default), 'trained' is upstream's."
+        )
+    return value
+
+
+def check_without_labels(value: str, source: str) -> str:
+    if value not in WITHOUT_LABELS_CHOICES:
+        raise MTPOptionError(
+            f"{source}: without_labels must be one of {', '.join(WITHOUT_LABELS_CHOICES)}; got {value!r}. "
+            "'skip' runs no MTP without labels (default), 'derive' is megatron-core 0.19's (labels from input_ids)."
+        )
+    return value
+
+
+_default: MTPOptions | None = None
+
+
+def default_options() -> MTPOptions:
+    """The process default, from the environment on first use unless configured.
+
+    Both variables are checked before either is used, so a bad value sets no default.
+    """
+    global _default
+    if _default is None:
+        _default = MTPOptions(
+            output_head=_from_environment(OUTPUT_HEAD_ENV, check_output_head),
+            without_labels=_from_environment(WITHOUT_LABELS_ENV, check_without_labels),
+        )
+    return _default
+
+
+def _from_environment(variable: str, check: Callable[[str, str], str]) -> str:
+    """The variable as patchkit's settings parse it; a bad value raises this module's error, which
+    says what each choice does."""
+    try:
+        return settings.choice(variable)
+    except ConfigError as exc:
+        bad = exc.value
+    return check(bad.strip().lower(), variable)  # raises MTPOptionError: settings and check share the choices
+
+
+def configure(*, output_head: str | None = None, without_labels: str | None = None) -> MTPOptions:
+    """Set the process default (what a model not marked per model gets); returns the new default.
+
+    Every value is checked before the default changes: a bad one leaves it as it was.
+    """
+    global _default
+    current = default_options()
+    if output_head is not None:
+        current = current._replace(output_head=check_output_head(output_head, "configure(output_head=...)"))
+    if without_labels is not None:
+        current = current._replace(
+            without_labels=check_without_labels(without_labels, "configure(without_labels=...)")
+        )
+    _default = current
+    return current
+
+
+def reset_default() -> None:
+    """Forget the configured default; the next use reads the environment again (for tests)."""
+    global _default
+    _default = None
+
+
+def options_for(model: Any) -> MTPOptions:
+    """The options that apply to ``model``: its own mark, else the process default."""
+    marked = getattr(model, MODEL_MARK, None)
+    return marked if isinstance(marked, MTPOptions) else default_options()
+
+
+def detach_inputs_for(layer: Any, default: bool) -> bool:
+    """Whether an MTP layer's inputs are detached: its own mark, else ``default``."""
+    marked = getattr(layer, LAYER_MARK, None)
+    return marked if isinstance(marked, bool) else default

@@ -1,0 +1,42 @@
+"""Self-check of ``megatron.router_replay_validation``: A replay target with the wrong token count raises
+``ReplayIndexMismatchError`` naming both counts.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from patchkit.selfcheck import CheckContext, SelfCheckFailed, expect
+
+from ..._checks._harness import drive, moe_replay, replay_routers
+
+
+def check_router_replay_validation(context: CheckContext) -> None:
+    """A replay target with the wrong token count raises ``ReplayIndexMismatchError`` naming both counts."""
+    from ..._checks._tiny_moe import TOPK, build_tiny_moe, causal_batch, forward_loss
+    from .. import ReplayIndexMismatchError
+
+    batch = causal_batch().to(context.device)
+    tokens = batch.input_ids.numel()
+    with moe_replay(context.device), torch.no_grad():
+        model = build_tiny_moe().to(context.device)
+        model_routers = replay_routers(model)
+        # Padded for another layout: 16 rows too many (what a target packed with FP8 padding
+        # for an unpadded input looks like).
+        wrong = torch.zeros(tokens + 16, TOPK, dtype=torch.long)
+        wrong[:, 1] = 1
+        drive(model_routers, "replay_forward", [wrong.to(context.device)] * len(model_routers))
+        try:
+            forward_loss(model, batch)
+        except ReplayIndexMismatchError as exc:
+            expect(exc.expected_tokens == tokens and exc.got_tokens == tokens + 16,
+                   "ReplayIndexMismatchError names the router's and the target's token counts",
+                   f"{tokens} and {tokens + 16}", f"{exc.expected_tokens} and {exc.got_tokens}")
+        except Exception as exc:  # upstream's own failure deep in gather, or anything else
+            raise SelfCheckFailed("a replay target with the wrong token count raises", "ReplayIndexMismatchError",
+                                  f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}") from exc
+        else:
+            raise SelfCheckFailed("a replay target with the wrong token count raises", "ReplayIndexMismatchError",
+                                  "no error: the forward ran")
+        finally:
+            drive(model_routers, None)
