@@ -37,7 +37,6 @@ import time
 import torch
 from patchkit.patches.modelopt.qat._nvfp4_pack import quantize_nvfp4
 
-
 #: Bytes a copy moves per weight (bf16 read and written) and the export (bf16 read, E2M1 + E4M3 written).
 COPY_BYTES_PER_WEIGHT = 4.0
 EXPORT_BYTES_PER_WEIGHT = 2.0 + 0.5 + 1.0 / 16
