@@ -326,10 +326,11 @@ def _scenario_simple(rank, *, sizes, overrides, pack_cp=False, compare_one_rank=
         "replay_equal": _equal(replayed, recorded_maps), "layers_gathered": list(full), "layers_expected": [1, 2],
         "loss_equal": bool(torch.equal(replayed_loss, recorded_loss)),
     }
-    if compare_one_rank:
+    if compare_one_rank and DEVICE is not None:
         # Weights come from the CPU initialisation (use_cpu_initialization): the TP shards are slices of
         # the one-rank weights, so the gathered routing must be the one-rank routing, and the loss equal
-        # up to the order of the tensor-parallel reductions.
+        # up to the order of the tensor-parallel reductions. On GPUs only: under the CPU stand-ins the
+        # ranks do not come back from re-initialising the parallel state mid-scenario.
         reference_maps, reference_loss = _one_rank_reference(batch)
         result["one_rank_maps_equal"] = sorted(reference_maps) == sorted(full) and all(
             torch.equal(full[layer].cpu(), reference_maps[layer].cpu()) for layer in reference_maps)
