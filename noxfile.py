@@ -1,6 +1,7 @@
 """Test environments, one per upstream version set, generated from compat_matrix.yaml.
 
     nox -s demo          install the real upstreams, apply the patches, run `patchkit doctor` on them
+    nox -s docs          regenerate the README's catalogue table and the compatibility grid
     nox -t ci            the representative subset CI runs (entries marked `ci: true`)
     nox -l               every environment; `nox -s tests-<name>` runs one
 
@@ -50,11 +51,18 @@ DEFAULT_PYTHON = "3.11"
 UNPINNED = os.environ.get("PATCHKIT_UNPINNED") == "1"
 CONSTRAINTS = ROOT / "constraints"
 
-#: The main job's upstreams: what a Megatron + ModelOpt trainer has installed today (Python 3.12).
+#: The main job's upstreams: what a Megatron + ModelOpt + Megatron-Bridge trainer has installed today
+#: (Python 3.12), as the export-bridge-0.6 environment of compat_matrix.yaml installs them. Bridge goes
+#: in without its dependencies (it pins a megatron-core of its own); what it imports comes first.
 DEMO_PYTHON = "3.12"
 DEMO_INSTALL = [
-    ["torch==2.11.0", "megatron-core==0.19.2", "nvidia-modelopt==0.47.0", "requests", "huggingface_hub"],
+    ["torch==2.11.0", "megatron-core==0.19.2", "nvidia-modelopt==0.47.0", "requests", "huggingface_hub",
+     "transformers>=5.8,<=5.12.1", "einops", "omegaconf", "pyyaml", "tqdm", "rich", "regex", "six", "numpy<2.5",
+     "torch_memory_saver==0.0.10"],
+    ["--no-deps", "megatron-bridge==0.6.2"],
 ]
+#: The opt-in patches the main job demonstrates, switched on for `status` as a user would switch them on.
+DEMO_OPT_INS = ["megatron.mtp_postprocess", "modelopt.nvfp4_cpu_fake_quant"]
 
 
 @functools.cache
@@ -90,6 +98,7 @@ INSTALLS: dict[str, tuple[str, list[list[str]]]] = {
 INSTALLS["demo"] = (DEMO_PYTHON, DEMO_INSTALL)
 INSTALLS["lint"] = (DEFAULT_PYTHON, [["ruff", "mypy", "types-PyYAML"]])
 INSTALLS["matrix"] = (DEFAULT_PYTHON, [])
+INSTALLS["docs"] = (DEFAULT_PYTHON, [])
 INSTALLS["bench"] = (DEFAULT_PYTHON, [["torch==2.13.0"]])
 
 
@@ -99,7 +108,7 @@ def _lock_inputs(name: str) -> locks.LockInputs:
 
 
 def _install(session: nox.Session, uninstall: list[str] = ()) -> None:
-    """Install the session's steps, then patchkit (editable) and pytest, under the session's lock."""
+    """Install the session's steps, then patchkit (editable, with the matrix tooling) and pytest, under the lock."""
     name = session.name
     _, steps = INSTALLS[name]
     constraint: list[str] = []
@@ -112,9 +121,10 @@ def _install(session: nox.Session, uninstall: list[str] = ()) -> None:
         constraint = ["--constraint", str(lock)]
     for step in steps:
         session.install(*step, *constraint)
-    if uninstall:
-        session.run("uv", "pip", "uninstall", "-q", *uninstall, external=True, silent=True)
-    session.install("-e", ".", "pytest", *constraint)
+    # A reused environment made before the distribution was named patchkit-rl still holds the metadata
+    # and entry points of `patchkit` (the same import package): removed, so each entry point is there once.
+    session.run("uv", "pip", "uninstall", "-q", "patchkit", *uninstall, external=True, silent=True)
+    session.install("-e", ".[matrix]", "pytest", *constraint)
 
 
 def _tests_session(name: str, env: dict):
@@ -146,15 +156,26 @@ def lint(session: nox.Session) -> None:
 
 @_session("matrix", DEFAULT_PYTHON, "the matrix session", tags=["ci"])
 def matrix(session: nox.Session) -> None:
-    """compat_matrix.yaml agrees with the patch registry, and the README table is generated from it."""
+    """compat_matrix.yaml agrees with the patch registry, and the documents generated from it are current."""
     _install(session)
     session.run("patchkit", "matrix", "check")
+    _generate_documents(session, check=RECORD == "check")
+
+
+def _generate_documents(session: nox.Session, check: bool) -> None:
+    """The README's catalogue table, the supported-versions table and the compatibility grid."""
+    flag = ["--check"] if check else []
     for document in ("README.md", "docs/compat-matrix.md"):
-        if "<!-- compat-table:start -->" in (ROOT / document).read_text():
-            session.run("patchkit", "matrix", "table", "--readme", document,
-                        *(["--check"] if RECORD == "check" else []))
-        else:
-            session.warn(f"{document} has no compat-table markers: supported-versions table not generated")
+        session.run("patchkit", "matrix", "table", "--readme", document, *flag)
+    session.run("patchkit", "matrix", "grid", "--markdown", "docs/compatibility.md",
+                "--html", "docs/compatibility.html", *flag)
+
+
+@_session("docs", DEFAULT_PYTHON, "the docs session")
+def docs(session: nox.Session) -> None:
+    """Regenerate the README's catalogue table, the supported-versions table and the compatibility grid."""
+    _install(session)
+    _generate_documents(session, check=False)
 
 
 @nox.session(tags=["ci"], venv_backend="none")
@@ -184,8 +205,11 @@ def summary(session: nox.Session) -> None:
 def demo(session: nox.Session) -> None:
     """The main job: install patchkit with the real upstreams, apply every patch, prove each one here."""
     _install(session)
-    session.run("patchkit", "status")
-    session.run("patchkit", "doctor", *session.posargs)
+    opt_in = {"PATCHKIT_OPT_IN": ",".join(DEMO_OPT_INS)}
+    # `patchkit status` / `patchkit doctor`, with Bridge imported under the TransformerEngine import
+    # stand-in first (TE needs CUDA to install; tests/demo_stack.py says why that is sound).
+    session.run("python", "tests/demo_stack.py", "status", env=opt_in)
+    session.run("python", "tests/demo_stack.py", "doctor", *session.posargs, env=opt_in)
 
 
 @_session("bench", DEFAULT_PYTHON, "the benchmarks (nox -s bench)")

@@ -14,7 +14,7 @@ spec, bf16) with ModelOpt NVFP4 W4A16 QAT applied (its CUDA kernel), and a vLLM 
 
 Throughput is the model's bf16 bytes per second on each side; the figure is ``step GB/s`` and its ratio
 to the copy. It also checks that the refits reallocate no kernel tensor. Run on a GPU machine with
-vLLM's kernels (README "What ran on a GPU")::
+vLLM's kernels (docs/verification.md, "What ran on a GPU")::
 
     python benchmarks/bench_colocated_step.py [--layers 20] [--hidden 4096] [--ffn 14336] [--repeat 3]
 """
@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from _options import integer_options
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 for folder in ("vllm", "e2e"):
@@ -96,14 +97,7 @@ def timed(fn: Callable[[], object], repeat: int) -> list[float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--layers", type=int, default=20)
-    parser.add_argument("--hidden", type=int, default=4096)
-    parser.add_argument("--ffn", type=int, default=14336)
-    parser.add_argument("--heads", type=int, default=32)
-    parser.add_argument("--groups", type=int, default=8)
-    parser.add_argument("--vocab", type=int, default=32000)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser = integer_options(__doc__, layers=20, hidden=4096, ffn=14336, heads=32, groups=8, vocab=32000, repeat=3)
     args = parser.parse_args()
 
     import vllm

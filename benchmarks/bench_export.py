@@ -29,12 +29,12 @@ reported against the largest weight (goal: <= 2x). Run::
 
 from __future__ import annotations
 
-import argparse
 import resource
 import statistics
 import time
 
 import torch
+from _options import integer_options
 from patchkit.patches.modelopt.qat._nvfp4_pack import quantize_nvfp4
 
 #: Bytes a copy moves per weight (bf16 read and written) and the export (bf16 read, E2M1 + E4M3 written).
@@ -106,16 +106,9 @@ def peak_extra_bytes(weights, amaxes, device: str, backend: str = "auto") -> int
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = integer_options(__doc__, layers=2, hidden=4096, ffn=14336, heads=32, groups=8, repeat=3, experts=0,
+                             expert_ffn=2048)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--hidden", type=int, default=4096)
-    parser.add_argument("--ffn", type=int, default=14336)
-    parser.add_argument("--heads", type=int, default=32)
-    parser.add_argument("--groups", type=int, default=8)
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--experts", type=int, default=0, help="experts per layer instead of the dense MLP")
-    parser.add_argument("--expert-ffn", type=int, default=2048)
     parser.add_argument("--skip-torch", action="store_true", help="on CUDA, time the fused kernel only")
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile the per-slice quantize-and-pack (fuses its elementwise passes)")

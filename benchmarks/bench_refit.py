@@ -24,7 +24,7 @@ refit), synchronising before each clock read; it also times a first load from ho
 (``first_load_from_host_s``), which is how vLLM's loader reads a checkpoint. vLLM must import there
 without its CUDA extensions (a build marked ``+cpu``), so its platform is CPU and the layers use the
 emulation kernels and backends of ``tests/vllm/vllm_cpu_harness.py``; both sides run the same loaders and
-processing on the GPU tensors. How the README's H200 figures were made: vLLM 0.24's Python files
+processing on the GPU tensors. How the H200 figures of docs/benchmarks.md were made: vLLM 0.24's Python files
 (its ``site-packages/vllm`` without ``*.so``, and the packages it imports that the machine lacks)
 were unpacked on the GPU machine with ``+cpu`` added to the version in ``vllm/_version.py`` and in
 its dist-info ``METADATA``, then ``VLLM_TARGET_DEVICE=cpu python benchmarks/bench_refit.py --device

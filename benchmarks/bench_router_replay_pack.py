@@ -14,12 +14,12 @@ tensor (and back), as packing code in RL frameworks does. Run::
 
 from __future__ import annotations
 
-import argparse
 import math
 import statistics
 import time
 
 import torch
+from _options import integer_options
 from patchkit.patches.megatron import router_replay as replay
 
 
@@ -95,15 +95,8 @@ def measure(fn, repeats, device):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=256)
-    parser.add_argument("--max-len", type=int, default=4096)
-    parser.add_argument("--layers", type=int, default=48)
-    parser.add_argument("--topk", type=int, default=8)
-    parser.add_argument("--tp", type=int, default=1)
-    parser.add_argument("--cp", type=int, default=1)
+    parser = integer_options(__doc__, samples=256, max_len=4096, layers=48, topk=8, tp=1, cp=1, repeats=3)
     parser.add_argument("--no-fp8", action="store_true")
-    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()

@@ -31,7 +31,7 @@ IN_PROCESS = """
 import time, megatron.core.models.gpt.gpt_model, megatron.core.transformer.moe.router
 import megatron.core.transformer.moe.token_dispatcher, megatron.core.transformer.multi_token_prediction
 import patchkit
-patchkit.engine()  # the catalogue, loaded by import-time autoload in real jobs, is not what is timed
+patchkit.engine()  # the catalogue's index, read by import-time autoload in real jobs, is not what is timed
 start = time.perf_counter()
 statuses = patchkit.apply_all()
 elapsed = (time.perf_counter() - start) * 1000
@@ -59,9 +59,12 @@ def whole_process(runs: int) -> None:
         base.append(run_ms("pass"))
         patched.append(run_ms(PATCHKIT))
     for label, i in (("wall", 0), ("cpu", 1)):
-        b, p = statistics.median(r[i] for r in base), statistics.median(r[i] for r in patched)
-        sys.stdout.write(f"whole process, {label}, median of {runs}: python -c pass {b:.1f} ms; import patchkit + "
-                         f"apply_all() {p:.1f} ms; added {p - b:+.1f} ms ({p / b:.2f}x)\n")
+        bs, ps = [r[i] for r in base], [r[i] for r in patched]
+        b, p = statistics.median(bs), statistics.median(ps)
+        sys.stdout.write(f"whole process, {label}, {runs} alternated pairs: python -c pass median {b:.1f} ms "
+                         f"(min {min(bs):.1f}); import patchkit + apply_all() median {p:.1f} ms (min {min(ps):.1f}); "
+                         f"added {p - b:+.1f} ms median, {min(ps) - min(bs):+.1f} ms min to min ({p / b:.2f}x); "
+                         f"goal: at most +15 ms\n")
 
 
 MODULES = """
@@ -93,7 +96,7 @@ def in_process(runs: int) -> None:
             applied = out[1] if len(out) > 1 else ""
             sys.stdout.write(f"in process, megatron-core imported, {label}: apply_all() median "
                              f"{statistics.median(times):.1f} ms of {n} (min {min(times):.1f}, max {max(times):.1f}); "
-                             f"{applied}\n")
+                             f"goal: at most 10 ms (warm cache); {applied}\n")
 
 
 def main() -> None:

@@ -9,21 +9,32 @@ Pythons, a plain system Python.
 
 Every candidate is *run* (``-c "import sys; ..."``): a shim or a broken link that cannot start the
 version asked for is skipped, and the path returned is the real interpreter (``sys.executable``),
-never a shim whose meaning changes with the environment. Standard library only: ``noxfile.py``
-imports it before any environment exists.
+never a shim whose meaning changes with the environment. A candidate that does not answer within
+:data:`PROBE_TIMEOUT` seconds (a shim waiting on a lock or the network) is skipped with a one-line
+warning naming it, its process group killed; one whose answer is not a version and a path (non-UTF-8
+bytes, an error message) is skipped. Standard library only: ``noxfile.py`` imports it before any
+environment exists.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 _PROBE = "import sys; print('%d.%d' % sys.version_info[:2]); print(sys.executable)"
 _RELEASE_DIR = re.compile(r"^(\d+)\.(\d+)\.(\d+)$")
+_VERSION = re.compile(r"^\d+\.\d+$")
+#: Seconds a candidate has to answer the probe: CPython answers in well under one, even on a loaded
+#: machine; a shim that hangs must not hold every nox start up for long.
+PROBE_TIMEOUT = 5.0
+
+logger = logging.getLogger(__name__)
 
 
 def find_python(version: str, environ: Mapping[str, str] | None = None) -> Path | None:
@@ -101,13 +112,33 @@ def _probe(candidate: Path, environ: Mapping[str, str]) -> tuple[str, Path] | No
     answer = _run([str(candidate), "-c", _PROBE], environ)
     if answer is None:
         return None
-    lines = answer.split()
-    return (lines[0], Path(lines[1])) if len(lines) == 2 else None
+    lines = answer.splitlines()  # the path may hold spaces: one answer per line
+    if len(lines) != 2 or not _VERSION.match(lines[0]) or not os.path.isabs(lines[1]):
+        return None
+    return lines[0], Path(lines[1])
 
 
 def _run(command: list[str], environ: Mapping[str, str]) -> str | None:
+    """What ``command`` printed (bytes that are not UTF-8 kept as the file system would name them),
+    or None when it failed, could not start, or did not answer within :data:`PROBE_TIMEOUT` seconds."""
+    timeout = PROBE_TIMEOUT
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=30, env=dict(environ), check=False)
-    except (OSError, subprocess.TimeoutExpired):
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                   stderr=subprocess.DEVNULL, env=dict(environ), start_new_session=True)
+    except (OSError, ValueError):
         return None
-    return done.stdout if done.returncode == 0 else None
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        # Its own session: a shell script's children (the process that actually hangs) are killed too.
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except OSError:
+            process.kill()
+        process.communicate()
+        logger.warning("devtools: skipped %s: it did not answer `%s -c ...` within %g s (a hanging shim?)",
+                       command[0], os.path.basename(command[0]), timeout)
+        return None
+    if process.returncode != 0:
+        return None
+    return os.fsdecode(output)

@@ -81,9 +81,17 @@ def check(lock: Path, inputs: LockInputs, session: str) -> None:
     """Raise ``StaleLockError`` unless ``lock`` exists and was made from ``inputs``."""
     fix = "run `python3 -m nox -s lock -- " + session + "` and commit the file"
     try:
-        first = lock.read_text().split("\n", 1)[0]
+        with lock.open("rb") as stream:
+            first = stream.readline().decode("ascii").rstrip("\r\n")
     except FileNotFoundError:
         raise StaleLockError(f"{lock} is missing: {fix}") from None
+    except IsADirectoryError:
+        raise StaleLockError(f"{lock} is a directory, not a constraints file: remove it, then {fix}") from None
+    except UnicodeDecodeError:
+        raise StaleLockError(f"{lock} does not start with the digest line `# inputs sha256:...` (its first "
+                             f"line is not text): {fix}") from None
+    except OSError as exc:
+        raise StaleLockError(f"{lock} cannot be read ({exc.strerror or exc}): {fix}") from None
     match = _DIGEST_LINE.match(first)
     if match is None or match[1] != inputs.digest():
         raise StaleLockError(f"{lock} was made from other requirements than session {session} has now: {fix}")

@@ -7,19 +7,46 @@ descriptors 1 and 2 at a temporary file for the length of a block, so all of it 
 there, and hands back the text. What patchkit itself says in the block still reaches the user:
 ``PatchkitWarning`` (a config error that disables patches) is shown again after the block, once, and
 the ``patchkit`` logger's records go to the report stream for the length of the block.
+
+What the capture guarantees, whatever the block does:
+
+* Nothing is left pointing at the capture once it ends. ``sys.stdout``/``sys.stderr`` are stand-ins
+  (:class:`_Redirected`) that write to the temporary file during the block and to the real streams
+  after it, so a logging handler, a thread or a module that kept them keeps working; handlers created
+  during the block are repointed at the real streams.
+* Set-up and tear-down are atomic under signals. Both run with signals held
+  (:func:`.runtime.interrupts.deferred`); during the block a Python signal handler that raises
+  (Ctrl-C's ``KeyboardInterrupt``, a ``SystemExit`` from a SIGTERM handler) first ends the capture, so
+  its traceback reaches the terminal and descriptors 1/2, the ``patchkit`` logger and the warning
+  filters are back as they were, wherever the signal lands.
+* Another thread's output is kept: written to the file while the capture runs, to the real stream
+  once it has ended, never to a closed file.
+* A thread the block started and left running (a timed-out self-check) cannot write into standard
+  output afterwards: its ``print`` goes to standard error, and so does anything written to descriptor
+  1, while the main thread's writes to ``sys.stdout`` (a JSON report) still reach the real standard
+  output.
+* Without a writable temporary directory nothing is captured: one warning, and the block runs with
+  its output going where it always goes.
 """
 
 from __future__ import annotations
 
-import contextlib
+import functools
+import io
 import logging
 import os
 import sys
 import tempfile
+import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import IO
+from types import TracebackType
+from typing import IO, Any, cast
+
+from .runtime import interrupts
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -39,52 +66,264 @@ def real_stderr() -> IO[str]:
                      errors="replace")
 
 
-@contextlib.contextmanager
-def captured(report: IO[str]) -> Iterator[Captured]:
-    """Send fds 1 and 2 to a temporary file for the block; patchkit's own messages go to ``report``."""
-    from .runtime.errors import PatchkitWarning
+def captured(report: IO[str]) -> _Capture:
+    """Send fds 1 and 2 to a temporary file for the block; patchkit's own messages go to ``report``.
 
-    result = Captured()
-    own_logger = logging.getLogger("patchkit")
-    # patchkit's records go to the report for the block, whatever handlers the process has.
-    handler = logging.StreamHandler(report)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    propagated = own_logger.propagate
-    own_logger.addHandler(handler)
-    own_logger.propagate = False
-    streams = (sys.stdout, sys.stderr)
-    for stream in streams:
-        with contextlib.suppress(Exception):
-            stream.flush()
-    with tempfile.TemporaryFile() as sink, warnings.catch_warnings(record=True) as caught:
-        saved = {fd: os.dup(fd) for fd in (1, 2)}
-        # Python-level writes too, when sys.stdout/sys.stderr are not the descriptors (a notebook, pytest).
-        text_sink = open(sink.fileno(), "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
+    Used as ``with captured(report) as upstream: ...``; ``upstream.text`` is filled when the block ends.
+    """
+    return _Capture(report)
+
+
+class _Redirected(io.TextIOBase):
+    """What ``sys.stdout``/``sys.stderr`` are during a capture, and stay for whoever kept them.
+
+    Writes go to ``during`` (the capture file) until :meth:`end`, then to the real stream ``after``;
+    a thread listed in ``left_behind`` writes to ``diverted`` instead of ``after``. A lock makes the
+    switch and each write exclusive, so no write lands in a file being closed. Reentrant: a signal
+    handler that ends the capture may run in the middle of a write of the same thread.
+    """
+
+    def __init__(self, during: IO[str], after: IO[str]) -> None:
+        super().__init__()
+        self._target, self._after = during, after
+        self._lock = threading.RLock()
+        self.left_behind: frozenset[threading.Thread] = frozenset()
+        self.diverted: IO[str] | None = None
+
+    def _current(self) -> IO[str]:
+        if self.diverted is not None and threading.current_thread() in self.left_behind:
+            return self.diverted
+        return self._target
+
+    def end(self) -> None:
+        """From now on, write to the real stream (``during`` is flushed first)."""
+        with self._lock:
+            try:
+                self._target.flush()
+            finally:
+                self._target = self._after
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            return self._current().write(text)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        with self._lock:
+            self._current().flush()
+
+    def fileno(self) -> int:
+        return self._current().fileno()
+
+    def isatty(self) -> bool:
+        return self._current().isatty()
+
+    def writable(self) -> bool:
+        return True
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self._current(), "encoding", None) or "utf-8"
+
+    @property
+    def errors(self) -> str | None:  # type: ignore[override]
+        return getattr(self._current(), "errors", None)
+
+    @property
+    def buffer(self) -> Any:
+        return cast(Any, self._current()).buffer
+
+    def close(self) -> None:
+        """Not closed by anyone who borrowed it: the real streams are not theirs to close."""
+
+
+class _Capture:
+    """One capture: the state it changed is a stack of undo steps, run once each whatever happens."""
+
+    def __init__(self, report: IO[str]) -> None:
+        self.report = report
+        self.result = Captured()
+        self._undo: list[Callable[[], None]] = []
+        self._originals: interrupts.Handlers = {}
+        self._active = False
+        #: fd 1 is restored as a copy of fd 2: the block left a thread running (see :meth:`_settle`).
+        self._stdout_to_stderr = False
+
+    def __enter__(self) -> Captured:
         try:
-            for fd in saved:
-                os.dup2(sink.fileno(), fd)
-            sys.stdout = sys.stderr = text_sink
-            yield result
+            with interrupts.deferred() as handlers:
+                self._start()
+                if self._active:
+                    self._take_over(handlers)
+        except BaseException:
+            self._stop()
+            raise
+        return self.result
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self._stop()
+
+    # --- signals: the capture ends before a raising handler's exception propagates --------------
+
+    def _take_over(self, handlers: interrupts.Handlers) -> None:
+        """Each signal with a Python handler goes through :meth:`_on_signal` once the set-up ends."""
+        for signum, handler in handlers.items():
+            self._originals[signum] = handler
+            handlers[signum] = self._on_signal
+
+    def _give_back(self, handlers: interrupts.Handlers) -> None:
+        """The original handlers return where the capture's is still in place (a handler someone set
+        during the block stays theirs)."""
+        for signum, handler in handlers.items():
+            if handler == self._on_signal:
+                handlers[signum] = self._originals[signum]
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        handler = self._originals[signum]
+        if not self._active:  # a handler installed during the block kept ours: nothing to end any more
+            handler(signum, frame)
+            return
+        try:
+            handler(signum, frame)
+        except BaseException:
+            self._stop()
+            raise
+
+    # --- set-up and tear-down, each run with signals held ----------------------------------------
+
+    def _start(self) -> None:
+        from .runtime.errors import PatchkitWarning
+
+        streams = (sys.stdout, sys.stderr)
+        for stream in streams:
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001, S110 - a closed or broken stream: nothing to keep apart
+                pass
+        try:
+            sink = tempfile.TemporaryFile()
+        except OSError as exc:  # a read-only file system, no usable temporary directory
+            logger.warning("patchkit: upstream output is not captured (no writable temporary directory: %s)",
+                           exc)
+            return
+        self._undo.append(lambda: self._collect(sink, PatchkitWarning))
+        catcher = warnings.catch_warnings(record=True)
+        self._caught = catcher.__enter__()
+        self._undo.append(lambda: catcher.__exit__(None, None, None))
+
+        own_logger = logging.getLogger("patchkit")
+        # patchkit's records go to the report for the block, whatever handlers the process has.
+        handler = logging.StreamHandler(self.report)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        propagated = own_logger.propagate
+        own_logger.addHandler(handler)
+        self._undo.append(lambda: own_logger.removeHandler(handler))
+        own_logger.propagate = False
+        self._undo.append(lambda: setattr(own_logger, "propagate", propagated))
+
+        threads_before = frozenset(threading.enumerate())
+        saved: dict[int, int] = {}
+        for fd in (1, 2):
+            saved[fd] = os.dup(fd)
+            self._undo.append(functools.partial(self._restore_fd, fd, saved))
+        # Python-level writes too, when sys.stdout/sys.stderr are not the descriptors (a notebook, pytest).
+        # Unbuffered: a signal handler that ends the capture in the middle of a write finds no buffer
+        # busy ("reentrant call"), and nothing is left unwritten.
+        text_sink = io.TextIOWrapper(io.FileIO(sink.fileno(), "w", closefd=False), encoding="utf-8",
+                                     errors="replace", write_through=True)
+        self._undo.append(text_sink.close)
+        redirected = (_Redirected(text_sink, streams[0]), _Redirected(text_sink, streams[1]))
+        self._undo.append(lambda: self._settle(redirected, streams, threads_before, saved))
+        for fd in saved:
+            os.dup2(sink.fileno(), fd)
+        sys.stdout, sys.stderr = redirected
+        self._active = True
+
+    def _stop(self) -> None:
+        """Undo what :meth:`_start` did, each step once, with signals held; safe to call again."""
+        with interrupts.deferred() as handlers:
+            self._give_back(handlers)
+            self._active = False
+            while self._undo:
+                step = self._undo.pop()
+                try:
+                    step()
+                except Exception:  # noqa: BLE001 - the other steps must run; this one cannot be retried
+                    logger.debug("patchkit: restoring after an upstream-output capture failed", exc_info=True)
+
+    def _settle(self, redirected: tuple[_Redirected, _Redirected], streams: tuple[IO[str], IO[str]],
+                threads_before: frozenset[threading.Thread], saved: dict[int, int]) -> None:
+        """Point everything at the real streams again (the descriptors are restored after this step).
+
+        A thread the block started and left running is kept away from standard output from now on:
+        descriptor 1 is restored as a copy of descriptor 2 (what it writes there, C code included,
+        lands on standard error), and ``sys.stdout`` becomes a stand-in that sends its writes to
+        standard error and every other thread's to a stream on the real standard output.
+        """
+        left_behind = frozenset(t for t in threading.enumerate() if t not in threads_before and t.is_alive())
+        stdout: Any = streams[0]
+        if left_behind:
+            stdout = _standard_output_without(left_behind, saved[1], streams)
+            self._stdout_to_stderr = True
+            for stand_in in redirected:
+                stand_in.left_behind, stand_in.diverted = left_behind, streams[1]
+        sys.stdout, sys.stderr = stdout, streams[1]
+        for stand_in, real in zip(redirected, (stdout, streams[1]), strict=True):
+            try:
+                stand_in.end()
+            finally:
+                _repoint_handlers(stand_in, real)
+
+    def _restore_fd(self, fd: int, saved: dict[int, int]) -> None:
+        source = saved[fd]
+        if fd == 1 and self._stdout_to_stderr:
+            source = saved.get(2, 2)  # fd 2 itself once restored
+        try:
+            os.dup2(source, fd)
         finally:
-            text_sink.flush()
-            sys.stdout, sys.stderr = streams
-            for fd, copy in saved.items():
-                os.dup2(copy, fd)
-                os.close(copy)
-            text_sink.close()
-            own_logger.removeHandler(handler)
-            own_logger.propagate = propagated
+            os.close(saved.pop(fd))
+
+    def _collect(self, sink: IO[bytes], patchkit_warning: type[Warning]) -> None:
+        """The block's text, and patchkit's own warnings shown once (the last step)."""
+        try:
             sink.seek(0)
             printed = sink.read().decode("utf-8", errors="replace")
-            upstream: list[str] = []
-            reported: set[str] = set()
-            for warning in caught:
-                shown = warnings.formatwarning(warning.message, warning.category, warning.filename, warning.lineno,
-                                               warning.line)
-                if issubclass(warning.category, PatchkitWarning):
-                    if str(warning.message) not in reported:  # the same config error, met by each apply
-                        reported.add(str(warning.message))
-                        report.write(shown)
-                else:
-                    upstream.append(shown)
-            result.text = "".join(upstream) + printed
+        finally:
+            sink.close()
+        upstream: list[str] = []
+        reported: set[str] = set()
+        for warning in getattr(self, "_caught", None) or ():
+            shown = warnings.formatwarning(warning.message, warning.category, warning.filename, warning.lineno,
+                                           warning.line)
+            if issubclass(warning.category, patchkit_warning):
+                if str(warning.message) not in reported:  # the same config error, met by each apply
+                    reported.add(str(warning.message))
+                    self.report.write(shown)
+            else:
+                upstream.append(shown)
+        self.result.text = "".join(upstream) + printed
+
+
+def _repoint_handlers(stand_in: _Redirected, real: IO[str]) -> None:
+    """Logging handlers created during the capture (they hold the stand-in) write to ``real`` now."""
+    loggers: list[Any] = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+    for each in loggers:
+        for handler in getattr(each, "handlers", ()):
+            if isinstance(handler, logging.StreamHandler) and handler.stream is stand_in:
+                handler.setStream(real)
+
+
+def _standard_output_without(left_behind: frozenset[threading.Thread], stdout_fd: int,
+                             streams: tuple[IO[str], IO[str]]) -> _Redirected:
+    """A ``sys.stdout`` on the real standard output (a copy of ``stdout_fd``) for every thread but
+    ``left_behind``, whose writes go to standard error."""
+    encoding = getattr(streams[0], "encoding", None) or "utf-8"
+    kept = os.fdopen(os.dup(stdout_fd), "w", buffering=1, encoding=encoding, errors="replace")
+    router = _Redirected(kept, kept)
+    router.end()
+    router.left_behind, router.diverted = left_behind, streams[1]
+    return router

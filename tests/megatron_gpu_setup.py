@@ -5,7 +5,7 @@ fixture). Nothing here runs at import: torch and megatron-core are imported by t
 collecting on a machine without CUDA (CI) costs nothing and the tests skip through their own marks.
 
 * ``megatron_gpu`` (fixture) / :func:`megatron_nccl_world`: ``cuda:0``, a one-rank NCCL process
-  group on a free port, Megatron's parallel state (TP=PP=EP=1) and its CUDA RNG tracker seeded
+  group on an in-memory store (no port), Megatron's parallel state (TP=PP=EP=1) and its CUDA RNG tracker seeded
   (1234); torn down after the test. Skips the test without CUDA.
 * :data:`REQUIRES_TE`: the skip mark for tests that need a real TransformerEngine (its torch
   extension ``transformer_engine_torch`` built), not ``tests/te_harness.py``'s import stand-in.
@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import os
-import socket
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from _multiprocess import single_process_group
 
 #: (local-spec name part, TE-spec name part) of the layer norms TE fuses into the following linear.
 FUSED_NORMS = ((".input_layernorm.", ".self_attention.linear_qkv.layer_norm_"),
@@ -37,12 +36,6 @@ REQUIRES_TE = pytest.mark.skipif(
 )
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @contextlib.contextmanager
 def megatron_nccl_world() -> Iterator[None]:
     """Megatron's parallel state on a one-rank NCCL group on ``cuda:0``; destroyed on exit."""
@@ -52,9 +45,7 @@ def megatron_nccl_world() -> Iterator[None]:
 
     torch.cuda.set_device(0)
     if not torch.distributed.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ["MASTER_PORT"] = str(free_port())
-        torch.distributed.init_process_group("nccl", rank=0, world_size=1)
+        single_process_group("nccl")
     parallel_state.initialize_model_parallel()
     model_parallel_cuda_manual_seed(1234)
     try:

@@ -136,3 +136,21 @@ class MlaRopeTableError(PatchkitError, RuntimeError):
             f"parallelism, and it cannot be extended: {reason}. Set MLATransformerConfig.context_parallel_size "
             "to the size of the context-parallel group the model runs with"
         )
+
+
+
+class DistCheckpointingError(PatchkitError, RuntimeError):
+    """A distributed-checkpointing patch met upstream code in a shape it was not written for."""
+
+
+
+class AsyncCallsPendingError(DistCheckpointingError):
+    """``AsyncCallsQueue.reset()`` was asked to drop checkpoint saves that have not been finalised."""
+
+    def __init__(self, pending: int) -> None:
+        self.pending = pending
+        super().__init__(
+            f"the async checkpoint queue still has {pending} unfinalised save(s): finalise them first "
+            "(maybe_finalize_async_calls(blocking=True) on every rank), or reset(abandon=True) to drop them "
+            "(their checkpoints are then incomplete)"
+        )

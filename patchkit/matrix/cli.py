@@ -1,4 +1,4 @@
-"""``patchkit matrix check | record | static | index | outdated | merge | table``, added to ``patchkit`` by cli.py."""
+"""``patchkit matrix check | record | static | index | catalogue | outdated | merge | table``, added to ``patchkit`` by cli.py."""
 
 from __future__ import annotations
 
@@ -39,9 +39,10 @@ def _matrix_path(args: argparse.Namespace) -> Path:
 
 
 def _registry() -> list[Registered]:
-    from ..runtime.catalogue import load
+    """Every shipped patch as its module declares it (each declaration module imported, not the index)."""
+    from ..runtime.catalogue import scan
 
-    patches, errors = load()
+    patches, errors = scan()
     for error in errors:
         sys.stderr.write(f"patchkit: cannot load {error.module}: {error.error}\n")
     if errors:
@@ -120,6 +121,13 @@ def _check(args: argparse.Namespace) -> int:
         problems.append(check.Disagreement(None, f"{index.PATH} is out of step with {path}: run `patchkit matrix "
                                                  f"index` and commit the result"))
         _write(str(problems[-1]))
+    from . import catalogue_index
+
+    if catalogue_index.is_stale():
+        problems.append(check.Disagreement(None, f"the catalogue's index in {catalogue_index.folder()} is out of step "
+                                                 f"with the declarations: "
+                                                 f"run `patchkit matrix catalogue` and commit the result"))
+        _write(str(problems[-1]))
     _write(f"{path}: {'registry and matrix agree' if not problems else f'{len(problems)} disagreement(s)'}")
     return 1 if problems else 0
 
@@ -140,6 +148,18 @@ def _index(args: argparse.Namespace) -> int:
     path = _matrix_path(args)
     current = index.PATH.read_text(encoding="utf-8") if index.PATH.is_file() else ""
     return _diff_or_write(index.PATH, current, index.render(load(path)), args.check)
+
+
+def _catalogue(args: argparse.Namespace) -> int:
+    from . import catalogue_index
+
+    where = catalogue_index.folder(args.package)
+    if args.check:
+        old, new = catalogue_index.current(args.package), catalogue_index.render(args.package)
+        return max(_diff_or_write(where / name, old[name], text, check=True, option="--package")
+                   for name, text in new.items())
+    _write(f"{where}: index {'updated' if catalogue_index.write(args.package) else 'up to date'}")
+    return 0
 
 
 def _static(args: argparse.Namespace) -> int:
@@ -218,17 +238,38 @@ def _table(args: argparse.Namespace) -> int:
 
     readme = Path(args.readme)
     old = _read_input(readme, "--readme")
-    try:
-        new = table.update(old, load(_matrix_path(args)), readme.name, table.ranges_of(_registry()))
-    except ValueError as exc:
-        sys.stderr.write(f"patchkit: {exc}\n")
+    matrix, registry = load(_matrix_path(args)), _registry()
+    found = [(start, end) for start, end in ((table.START, table.END), (table.CATALOGUE_START, table.CATALOGUE_END))
+             if table.has_markers(old, start, end)]
+    if not found:
+        sys.stderr.write(f"patchkit: {readme.name} has neither {table.START} ... {table.END} nor "
+                         f"{table.CATALOGUE_START} ... {table.CATALOGUE_END} markers; add them where a table belongs\n")
         return 2
+    new = old
+    if (table.START, table.END) in found:
+        new = table.update(new, matrix, readme.name, table.ranges_of(registry))
+    if (table.CATALOGUE_START, table.CATALOGUE_END) in found:
+        new = table.update_catalogue(new, matrix, registry, readme.name)
     return _diff_or_write(readme, old, new, args.check, "--readme")
+
+
+def _grid(args: argparse.Namespace) -> int:
+    from . import grid, load
+
+    sections = grid.build(load(_matrix_path(args)), _registry())
+    status = 0
+    for path, render, option in ((args.markdown, grid.render_markdown, "--markdown"),
+                                 (args.html, grid.render_html, "--html")):
+        if path:
+            target = Path(path)
+            old = _read_input(target, option) if target.exists() else ""
+            status = max(status, _diff_or_write(target, old, render(sections), args.check, option))
+    return status
 
 
 def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     """Add ``matrix`` and its subcommands to the ``patchkit`` parser."""
-    matrix = commands.add_parser("matrix", help="compat_matrix.yaml: check, record, static, table")
+    matrix = commands.add_parser("matrix", help="compat_matrix.yaml: check, record, static, table, grid")
     sub = matrix.add_subparsers(dest="matrix_command", required=True)
 
     def command(name: str, run: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
@@ -256,6 +297,9 @@ def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     static.add_argument("--json", action="store_true", help="with --symbols: machine-readable facts")
     index = command("index", _index, "write patchkit/runtime/_recorded.py, the runtime's copy of the records")
     index.add_argument("--check", action="store_true", help="write nothing; exit 1 if the index is stale")
+    catalogue = command("catalogue", _catalogue, "write the catalogue's index (patches/_index*.py), read at start-up")
+    catalogue.add_argument("--check", action="store_true", help="write nothing; exit 1 if the index is stale")
+    catalogue.add_argument("--package", default="patchkit.patches", help="the catalogue package (default: %(default)s)")
     outdated = command("outdated", _outdated, "releases on the index newer than the matrix covers, checked statically")
     outdated.add_argument("--dist", action="append", default=[], help="only this distribution (repeatable)")
     outdated.add_argument("--cache", help="where artifacts are unpacked (default: ~/.cache/patchkit/artifacts)")
@@ -263,6 +307,10 @@ def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     merge = command("merge", _merge, "fold records from `patchkit doctor --record FILE` into the matrix")
     merge.add_argument("file", help="the records file a doctor run wrote")
     merge.add_argument("--check", action="store_true", help="write nothing; exit 1 if merging would change the file")
-    table = command("table", _table, "write the supported-versions table into the README")
+    table = command("table", _table, "write the supported-versions and catalogue tables between their markers")
     table.add_argument("--readme", default="README.md")
     table.add_argument("--check", action="store_true", help="write nothing; exit 1 if the table is stale")
+    grid = command("grid", _grid, "write the compatibility grid (patches down, releases across)")
+    grid.add_argument("--markdown", default="docs/compatibility.md", help="the Markdown page ('' for none)")
+    grid.add_argument("--html", default="docs/compatibility.html", help="the standalone HTML page ('' for none)")
+    grid.add_argument("--check", action="store_true", help="write nothing; exit 1 if a page is stale")

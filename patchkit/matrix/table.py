@@ -1,7 +1,9 @@
-"""The README's supported-versions table, generated from the matrix.
+"""The generated tables of the documentation: the supported-versions table (one row per variant) and
+the README's catalogue table (one row per patch), from the matrix and the registry.
 
-Only the text between ``<!-- compat-table:start -->`` and ``<!-- compat-table:end -->`` is
-rewritten; the rest of the README is not patchkit's to touch.
+Only the text between a table's markers (``<!-- compat-table:start -->`` ... ``:end -->``,
+``<!-- catalogue-table:start -->`` ... ``:end -->``) is rewritten; the rest of the document is not
+patchkit's to touch.
 """
 
 from __future__ import annotations
@@ -9,12 +11,17 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Iterable, Mapping
 
+from ..runtime import pep440
 from ..runtime.catalogue import Registered
-from .model import KNOWN_BAD, NATIVE, UNSUPPORTED, VERIFIED, Matrix, VersionRecord
+from .model import IN_RANGE, KNOWN_BAD, NATIVE, UNSUPPORTED, VERIFIED, Matrix, VersionRecord
 from .writer import record_order
 
 START = "<!-- compat-table:start -->"
 END = "<!-- compat-table:end -->"
+CATALOGUE_START = "<!-- catalogue-table:start -->"
+CATALOGUE_END = "<!-- catalogue-table:end -->"
+#: The longest "what it fixes" cell: the summary's first sentence, cut at a word.
+SUMMARY_WIDTH = 110
 
 
 def _shown(record: VersionRecord) -> str:
@@ -72,10 +79,59 @@ def ranges_of(patches: Iterable[Registered]) -> dict[tuple[str, str], str]:
             for r in patches for v in r.patch.variants}
 
 
+def has_markers(text: str, start: str, end: str) -> bool:
+    return 0 <= text.find(start) < text.find(end)
+
+
+def replace_between(text: str, start_marker: str, end_marker: str, body: str, name: str) -> str:
+    """``text`` with what lies between the two markers replaced by ``body``; ValueError without them."""
+    start, end = text.find(start_marker), text.find(end_marker)
+    if start < 0 or end < start:
+        raise ValueError(f"{name} has no {start_marker} ... {end_marker} markers; add them where the table belongs")
+    return text[:start + len(start_marker)] + "\n" + body + "\n" + text[end:]
+
+
 def update(readme: str, matrix: Matrix, name: str = "README.md",
            ranges: Mapping[tuple[str, str], str] | None = None) -> str:
     """``readme`` with the table between the markers regenerated."""
-    start, end = readme.find(START), readme.find(END)
-    if start < 0 or end < start:
-        raise ValueError(f"{name} has no {START} ... {END} markers; add them where the table belongs")
-    return readme[:start + len(START)] + "\n" + render(matrix, ranges) + "\n" + readme[end:]
+    return replace_between(readme, START, END, render(matrix, ranges), name)
+
+
+def _one_line(summary: str) -> str:
+    """The summary's first sentence, at most SUMMARY_WIDTH characters (cut at a word), with the
+    characters Markdown would read as table cells or emphasis (``|``, ``*``) escaped."""
+    first = summary.split(". ")[0].rstrip(".")
+    if len(first) > SUMMARY_WIDTH:
+        first = first[:SUMMARY_WIDTH].rsplit(" ", 1)[0].rstrip(",;:(") + " …"
+    return first.replace("|", "\\|").replace("*", "\\*")
+
+
+def _span(versions: Iterable[str]) -> str:
+    ordered = sorted(set(versions), key=lambda v: pep440.parse(v).key())
+    if not ordered:
+        return ""
+    return ordered[0] if len(ordered) == 1 else f"{ordered[0]} – {ordered[-1]}"
+
+
+def render_catalogue(matrix: Matrix, patches: Iterable[Registered]) -> str:
+    """The README's catalogue: per patch its upstream, the releases it was checked on (verified or
+    native there), whether it is on by default, and one line of what it does."""
+    lines = [
+        "<!-- generated from the registry and compat_matrix.yaml by `patchkit matrix table`; do not edit by hand -->",
+        "| patch | upstream | checked on | default | what it does |",
+        "|---|---|---|---|---|",
+    ]
+    for registered in sorted(patches, key=lambda r: r.patch.id):
+        patch = registered.patch
+        upstream = patch.distributions[0] if patch.distributions else "—"
+        records = [r for variant in matrix.patches.get(patch.id, {}).values() for r in variant]
+        checked = _span(r.versions[upstream] for r in records if r.status in IN_RANGE and upstream in r.versions)
+        native = all(v.native for v in patch.variants)
+        default = "native" if native else "opt-in" if patch.opt_in else "on"
+        lines.append(f"| `{patch.id}` | {upstream} | {checked or 'not yet'} | {default} | {_one_line(patch.summary)} |")
+    return "\n".join(lines)
+
+
+def update_catalogue(readme: str, matrix: Matrix, patches: Iterable[Registered], name: str = "README.md") -> str:
+    """``readme`` with the catalogue table between its markers regenerated."""
+    return replace_between(readme, CATALOGUE_START, CATALOGUE_END, render_catalogue(matrix, patches), name)

@@ -129,11 +129,16 @@ def decide(patch: Patch, settings: Settings, facts: Facts) -> Decision:
 def switched_off(patch: Patch, settings: Settings) -> Decision | None:
     """The skip that ``PATCHKIT_ENABLE``/``PATCHKIT_DISABLE`` (or opt-in) decide, or None. The first
     step of :func:`decide`, on its own because it needs no facts: a switched-off patch costs nothing."""
-    if not settings.is_enabled(patch.id, patch.opt_in):
-        if patch.opt_in and settings.enable is None:
+    return switched_off_id(patch.id, patch.opt_in, settings)
+
+
+def switched_off_id(patch_id: str, opt_in: bool, settings: Settings) -> Decision | None:
+    """:func:`switched_off` from the patch's id and ``opt_in`` alone (what the catalogue's index holds)."""
+    if not settings.is_enabled(patch_id, opt_in):
+        if opt_in and settings.enable is None:
             return Decision(State.SKIPPED, Reason.OPT_IN, "opt-in: enable with PATCHKIT_ENABLE")
         return Decision(State.SKIPPED, Reason.DISABLED, "not in PATCHKIT_ENABLE")
-    if settings.is_disabled(patch.id):
+    if settings.is_disabled(patch_id):
         return Decision(State.SKIPPED, Reason.DISABLED, "disabled by PATCHKIT_DISABLE")
     return None
 

@@ -31,10 +31,13 @@ class Target(NamedTuple):
 
     @classmethod
     def parse(cls, spec: str) -> "Target":
-        module, sep, qualname = spec.partition(":")
-        if not sep or not _DOTTED.match(module) or not _DOTTED.match(qualname):
-            raise DeclarationError(f"target {spec!r} is not of the form 'package.module:Qualname.attr'")
-        return cls(module, tuple(qualname.split(".")))
+        found = _PARSED.get(spec)
+        if found is None:
+            module, sep, qualname = spec.partition(":")
+            if not sep or not _DOTTED.match(module) or not _DOTTED.match(qualname):
+                raise DeclarationError(f"target {spec!r} is not of the form 'package.module:Qualname.attr'")
+            found = _PARSED[spec] = cls(module, tuple(qualname.split(".")))
+        return found
 
     @property
     def attribute(self) -> str:
@@ -42,6 +45,11 @@ class Target(NamedTuple):
 
     def __str__(self) -> str:
         return f"{self.module}:{'.'.join(self.path)}"
+
+
+#: Targets parsed so far: a decision and a status read each action's target again (kept small by
+#: the catalogue's size: one entry per target string).
+_PARSED: dict[str, Target] = {}
 
 
 class Replace(NamedTuple):

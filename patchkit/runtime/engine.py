@@ -40,8 +40,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 
 from . import forking, gating, import_watch, interrupts, jobs
 from . import settings as settings_module
-from .catalogue import CatalogueLoadFailure, Registered
-from .decision import Decision, Facts, Step, Trigger, decide, next_step, switched_off
+from .catalogue import CatalogueLoadFailure, Indexed, Registered, normalized
+from .decision import Decision, Facts, Step, Trigger, decide, next_step, switched_off_id
 from .declaration import Patch, validate
 from .entries import Entry, Job, Ticket, Work
 from .errors import (
@@ -57,6 +57,7 @@ from .errors import (
 )
 from .settings import Settings
 from .status import PatchStatus, Reason, State
+from .versions import Availability
 
 if TYPE_CHECKING:  # the drift module and the installer are imported only when a patch installs
     from .drift import RecordSource
@@ -72,7 +73,7 @@ class Engine:
     and embedders may build their own from explicit ``Registered`` patches.
     """
 
-    def __init__(self, patches: Iterable[Registered] = (), catalogue_errors: Iterable[CatalogueLoadFailure] = (),
+    def __init__(self, patches: Iterable[Registered | Indexed] = (), catalogue_errors: Iterable[CatalogueLoadFailure] = (),
                  matrix: "RecordSource" = None) -> None:
         if not (matrix is None or callable(matrix) or isinstance(matrix, Mapping)):
             raise TypeError(f"Engine(matrix=...) takes records, not {type(matrix).__name__}: for a matrix file or "
@@ -83,8 +84,8 @@ class Engine:
         self._entries: dict[str, Entry] = {}
         self._catalogue_errors = tuple(catalogue_errors)
         self._strict = False
-        for registered in patches:
-            self.register(registered.patch, registered.package)
+        with self._lock:
+            self._add(list(patches))
         import_watch.listen(self)
         forking.guard(self)
 
@@ -102,24 +103,36 @@ class Engine:
         instead of being a clash (registering one module's patches again is then harmless).
         """
         with self._lock:
-            seen: set[str] = set()
-            adding, clashes = [], []
-            for patch in patches:
-                validate(patch)
-                if patch.id in seen:
-                    raise DeclarationError(f"patch id {patch.id!r} is declared twice")
-                seen.add(patch.id)
-                if patch.id in self._entries:
-                    if not (known_ok and self._entries[patch.id].patch == patch):
-                        clashes.append(patch.id)
-                    continue
-                adding.append(patch._replace(variants=tuple(patch.variants),
-                                             version_modules=dict(patch.version_modules)))
-            if clashes:
-                raise DeclarationError(f"patch ids already registered: {', '.join(clashes)}")
-            for patch in adding:
-                self._entries[patch.id] = Entry(Registered(patch, package))
-            self._entries = dict(sorted(self._entries.items()))
+            self._add([Registered(patch, package) for patch in patches], known_ok=known_ok)
+
+    def _add(self, records: Sequence[Registered | Indexed], *, known_ok: bool = False) -> None:
+        """:meth:`register_all` for ``Registered`` records and the catalogue index's ``Indexed`` ones
+        (validated when their declaration module is imported, before their first install). Under the lock."""
+        seen: set[str] = set()
+        adding: list[Registered | Indexed] = []
+        clashes = []
+        for record in records:
+            if isinstance(record, Indexed):
+                patch_id = record.id
+            else:
+                validate(record.patch)
+                patch_id = record.patch.id
+                # Copied, so a caller changing its declaration afterwards does not change the registered patch.
+                record = record._replace(patch=normalized(record.patch))
+            if patch_id in seen:
+                raise DeclarationError(f"patch id {patch_id!r} is declared twice")
+            seen.add(patch_id)
+            if patch_id in self._entries:
+                if not (known_ok and isinstance(record, Registered) and self._entries[patch_id].patch == record.patch):
+                    clashes.append(patch_id)
+                continue
+            adding.append(record)
+        if clashes:
+            raise DeclarationError(f"patch ids already registered: {', '.join(clashes)}")
+        for record in adding:
+            entry = Entry(record)
+            self._entries[entry.id] = entry
+        self._entries = dict(sorted(self._entries.items()))
 
     @property
     def matrix(self) -> "RecordSource":
@@ -183,7 +196,7 @@ class Engine:
                         self._forget_displaced(entry)
                         step = next_step(entry.state, Trigger.APPLY_ALL, claimed=False)
                     if step is Step.DECIDE:
-                        self._consider(entry, chosen, work)
+                        self._consider(entry, chosen, work, lazily=True)
             jobs.carry_out_all(self, work)
         return self.status()
 
@@ -201,7 +214,7 @@ class Engine:
             with self._lock:
                 explicit = settings_module.parse_patterns("argument patterns", list(patterns))
                 settings_module.check_known(Settings(enable=explicit), list(self._entries))
-                selected = [e for e in self._entries.values() if settings_module.matches_any(e.patch.id, explicit)]
+                selected = [e for e in self._entries.values() if settings_module.matches_any(e.id, explicit)]
                 chosen = self._settings(environ, selected, enable=list(patterns), strict=strict)
                 if chosen is None:
                     return [entry.record() for entry in selected]
@@ -239,6 +252,8 @@ class Engine:
     def _import_waiting(self, entries: Iterable[Entry]) -> None:
         """Import what ``entries`` wait for, without the lock: their hooks then install them."""
         for entry in entries:
+            if entry.undecided:  # waiting for any of its variants' modules: first choose the variant
+                self._decide_again(entry, "while importing its targets", None)
             with self._lock:
                 waiting = entry.waiting_for if entry.state is State.PENDING else ()
             for module in waiting:
@@ -281,13 +296,54 @@ class Engine:
         if chosen.log_level is not None:
             logger.setLevel(chosen.log_level)
 
-    def _consider(self, entry: Entry, chosen: Settings, work: Work) -> None:
+    def _consider(self, entry: Entry, chosen: Settings, work: Work, lazily: bool = False) -> None:
+        """Decide ``entry`` with ``chosen`` settings. ``lazily`` (``apply_all``): a patch read from the
+        catalogue's index whose upstream is installed but none of whose target modules is imported
+        waits for them undecided (:meth:`_wait_undecided`)."""
         entry.settings = chosen
-        off = switched_off(entry.patch, chosen)  # before any fact is gathered: a switched-off patch costs nothing
+        # Before any fact is gathered: a switched-off patch costs nothing.
+        off = switched_off_id(entry.id, entry.opt_in, chosen)
         if off is not None:
             entry.set(State.SKIPPED, off.reason, off.detail)
-        else:
+        elif not (lazily and entry.indexed is not None and self._wait_undecided(entry, entry.indexed, work)):
             self._advance_safely(entry, "while applying", work)
+
+    def _wait_undecided(self, entry: Entry, indexed: Indexed, work: Work) -> bool:
+        """Settle ``entry`` from the catalogue index's record alone, if that is enough; True if so.
+
+        Its upstream not installed: skipped. Installed, none of the modules any of its variants
+        targets imported yet: pending, undecided, until one is. This keeps ``apply_all()`` flat in
+        the size of the catalogue: such a patch costs a few lookups now, and its declaration (made
+        from the index, then imported), its variant and its version check are paid for when its
+        upstream's code is imported (the post-import hook decides it, as it does any pending patch).
+        Anything else (a target module imported, a version known only once imported, an upstream
+        installed in part) is decided now. The outcome is the same either way, only when it is
+        reached differs: a version outside every range is reported once the upstream is imported.
+        """
+        versions, absent = {}, []
+        for dist, module in indexed.distributions:
+            found = work.installed_version(dist, module)
+            if found.availability is Availability.MISSING:
+                absent.append(dist)
+            elif found.version is None:
+                return False  # deferred: the version is read once the module is imported
+            versions[dist] = found.raw
+        if absent:
+            if len(absent) < len(indexed.distributions):
+                return False  # installed in part: which variant applies is for the decision
+            entry.versions = {dist: None for dist in absent}
+            entry.set(State.SKIPPED, Reason.NOT_INSTALLED, f"{', '.join(sorted(absent))} not installed")
+            logger.debug("patchkit: %s skipped: %s", entry.id, entry.detail)
+            return True
+        modules = indexed.modules
+        if any(import_watch.imported(module) for module in modules):
+            return False
+        entry.versions = versions
+        entry.set(State.PENDING, None, f"waiting for {' or '.join(modules)} to be imported; its variant is "
+                                       f"chosen then")
+        entry.waiting_for, entry.undecided = modules, True
+        work.watch.extend(modules)
+        return True
 
     def _advance_safely(self, entry: Entry, context: str, work: Work, just_imported: str | None = None) -> None:
         """``_advance``, with anything unexpected recorded as a failure of this patch alone.
@@ -302,6 +358,16 @@ class Engine:
                 entry.fail(context, exc)
             if entry.settings.strict:
                 raise
+
+    def _decide_again(self, entry: Entry, context: str, just_imported: str | None) -> None:
+        """Decide ``entry`` afresh and carry out what that decides: after its declaration module,
+        imported before its first install, declared it otherwise than the catalogue's index said."""
+        work = Work()
+        with self._abandoned_on_interrupt(work):
+            with self._lock:
+                if next_step(entry.state, Trigger.APPLY, claimed=entry.ticket is not None) is Step.DECIDE:
+                    self._advance_safely(entry, context, work, just_imported)
+            jobs.carry_out_all(self, work)
 
     def _facts(self, entry: Entry, work: Work, just_imported: str | None) -> Facts:
         """What :func:`~patchkit.runtime.decision.decide` needs to know about this process for ``entry``.
@@ -335,7 +401,7 @@ class Engine:
                 if entry.ticket is not None or entry.state.installed:
                     return
                 ticket = Ticket()
-                work.jobs.append(Job(entry, ticket, decision))
+                work.jobs.append(Job(entry, ticket, decision, just_imported))
                 entry.ticket = ticket
         elif decision.state is State.PENDING:
             # Hooks are armed after the lock is released (work.watch): one may fire at once (the
@@ -495,7 +561,7 @@ class Engine:
         with self._lock:
             records = [
                 entry.record() for entry in self._entries.values()
-                if not patterns or any(fnmatch.fnmatchcase(entry.patch.id, p) for p in patterns)
+                if not patterns or any(fnmatch.fnmatchcase(entry.id, p) for p in patterns)
             ]
             if not patterns:
                 records.extend(

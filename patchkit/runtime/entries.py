@@ -12,7 +12,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING, NamedTuple
 
-from .catalogue import Registered
+from .catalogue import Indexed, Registered
 from .decision import Decision
 from .declaration import Patch, Variant
 from .errors import DeclarationError, DriftError, PatchInstallError
@@ -38,11 +38,19 @@ class Ticket:
 class Entry:
     """What the engine knows and holds for one patch (mutable, guarded by the engine's lock)."""
 
-    __slots__ = ("registered", "state", "reason", "detail", "variant", "versions", "error", "waiting_for",
-                 "installed", "settings", "ticket")
+    __slots__ = ("id", "opt_in", "indexed", "_registered", "state", "reason", "detail", "variant", "versions",
+                 "error", "waiting_for", "installed", "settings", "ticket", "undecided")
 
-    def __init__(self, registered: Registered) -> None:
-        self.registered = registered
+    def __init__(self, registered: Registered | Indexed) -> None:
+        #: The catalogue index's record of a patch not made into a ``Patch`` yet (None once it is).
+        self.indexed: Indexed | None
+        self._registered: Registered | None
+        if isinstance(registered, Indexed):
+            self.id, self.opt_in = registered.id, registered.opt_in
+            self.indexed, self._registered = registered, None
+        else:
+            self.id, self.opt_in = registered.patch.id, registered.patch.opt_in
+            self.indexed, self._registered = None, registered
         self.state = State.REGISTERED
         self.reason: Reason | None = None
         self.detail = ""
@@ -55,6 +63,25 @@ class Entry:
         self.installed: list[Installed | Registration] = []
         self.settings = Settings()
         self.ticket: Ticket | None = None
+        #: Pending before any variant was chosen: waiting for any module one of its variants targets.
+        self.undecided = False
+
+    @property
+    def registered(self) -> Registered:
+        """The patch and where it resolves, made from the index's data on first use."""
+        if self._registered is None:
+            assert self.indexed is not None
+            self._registered, self.indexed = self.indexed.registered(), None
+        return self._registered
+
+    @registered.setter
+    def registered(self, registered: Registered) -> None:
+        self._registered, self.indexed = registered, None
+
+    @property
+    def declared_in(self) -> str | None:
+        """The declaration module this patch was read for from the index and that is not imported yet."""
+        return self.indexed.declared_in if self.indexed is not None else self.registered.declared_in
 
     @property
     def patch(self) -> Patch:
@@ -62,6 +89,7 @@ class Entry:
 
     def set(self, state: State, reason: Reason | None = None, detail: str = "", error: str | None = None) -> None:
         self.state, self.reason, self.detail, self.error = state, reason, detail, error
+        self.undecided = False
         if state is not State.PENDING:
             self.waiting_for = ()
 
@@ -69,7 +97,7 @@ class Entry:
         """Record (and log) that this patch failed ``context`` with ``exc``."""
         error = str(exc) if isinstance(exc, (DeclarationError, PatchInstallError, DriftError)) else repr(exc)
         self.set(State.FAILED, detail=context, error=error)
-        logger.error("patchkit: %s failed %s: %s", self.patch.id, context, error)
+        logger.error("patchkit: %s failed %s: %s", self.id, context, error)
 
     def displaced(self) -> list[str]:
         """The targets of an installed patch that no longer hold its objects (see ``Installed.is_displaced``)."""
@@ -89,7 +117,7 @@ class Entry:
             detail = (f"no longer in effect at {', '.join(displaced)}: the module was reloaded or imported again "
                       f"after the patch was installed; apply_all() installs it again")
         return PatchStatus(
-            id=self.patch.id,
+            id=self.id,
             state=state,
             reason=reason,
             detail=detail,
@@ -107,6 +135,8 @@ class Job(NamedTuple):
     entry: Entry
     ticket: Ticket
     decision: Decision
+    #: The module whose post-import hook decided it (still flagged as importing), if any.
+    just_imported: str | None = None
 
     @property
     def variant(self) -> Variant:

@@ -4,7 +4,7 @@ Fingerprinting a target parses its module's whole file: tens of milliseconds for
 ``gpt_model.py`` or ``router.py``, paid again by every rank of every job. The engine's drift check
 therefore keeps what it computed in ``$XDG_CACHE_HOME/patchkit/`` (``~/.cache/patchkit``).
 
-What the cache guarantees (README, "Fingerprint cache")
+What the cache guarantees (docs/compat-matrix.md, "Fingerprint cache")
     * **It never makes drifted code look verified by mistake.** An entry is keyed by the sha256 of
       the file's *content* and the qualname, and its value was computed from exactly those bytes
       (:func:`patchkit.runtime.fingerprint.file_fingerprint` hashes and parses one read). No file

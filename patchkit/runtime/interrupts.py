@@ -28,7 +28,10 @@ from __future__ import annotations
 import _signal  # type: ignore[import-not-found]  # no stub; the `signal` wrapper would cost an import at start-up
 import contextlib
 import threading
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
+
+#: What :func:`deferred` yields: each held signal and the handler it puts back when the section ends.
+Handlers = dict[int, Callable[[int, Any], Any]]
 
 #: Synchronous faults: a handler for them cannot wait (the faulting instruction would run again).
 NEVER_HELD = frozenset(getattr(_signal, name) for name in ("SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGABRT")
@@ -52,25 +55,34 @@ def held_signals() -> list[tuple[int, Any]]:
 
 
 @contextlib.contextmanager
-def deferred() -> Iterator[None]:
+def deferred() -> Iterator[Handlers]:
     """Hold every signal with a Python handler (in the main thread) until the block is done, then
-    deliver them."""
+    deliver them.
+
+    Yields each held signal with the handler put back at the end: a section that installs a state
+    which must outlive it *and* be undone before a signal's exception propagates (the upstream-output
+    capture's redirected descriptors) replaces entries there, so its own handler takes over atomically
+    with the section's end. Empty in any other thread than the main one.
+    """
     if threading.current_thread() is not threading.main_thread():  # (a forked child has a new main thread)
-        yield
+        yield {}
         return
     received: list[int] = []
 
     def note(signum: int, frame: Any) -> None:
         received.append(signum)
 
-    previous: list[tuple[int, Any]] = []
+    restore: Handlers = {}
     try:
         for signum, handler in held_signals():
-            previous.append((signum, handler))
+            restore[signum] = handler
             _signal.signal(signum, note)
-        yield
+        yield restore
     finally:
-        for signum, handler in reversed(previous):
-            _signal.signal(signum, handler)
+        for signum, handler in reversed(restore.items()):
+            # Only where the section's own handler is still in place: a signal that arrived before the
+            # hold began may have run code that already restored (or changed) this one.
+            if _signal.getsignal(signum) is note:
+                _signal.signal(signum, handler)
         for signum in dict.fromkeys(received):
             _signal.raise_signal(signum)

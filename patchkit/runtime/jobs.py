@@ -12,14 +12,15 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from . import import_watch, interrupts
+from . import catalogue, import_watch, interrupts
+from .catalogue import Registered
 from .decision import Decision
+from .declaration import Patch, Variant
 from .entries import Entry, Job, Work
-from .errors import DriftError, PatchInstallError, TargetResolutionError
+from .errors import DeclarationError, DriftError, PatchInstallError, TargetResolutionError
 from .status import Reason, State
 
 if TYPE_CHECKING:  # the drift module is imported only when a patch installs
-    from .declaration import Variant
     from .drift import Drift
     from .engine import Engine
     from .installer import Prepared
@@ -46,7 +47,10 @@ def carry_out(engine: "Engine", job: Job) -> None:
     """Install one claimed patch: imports and drift without the lock, attributes under it."""
     from .installer import prepare_all  # here, not at the top: a pass that installs nothing never needs it
 
-    entry, variant, patch = job.entry, job.variant, job.entry.patch
+    entry = job.entry
+    if entry.registered.declared_in is not None and not confirm_declaration(engine, job):
+        return
+    variant, patch = job.variant, entry.patch
     try:
         drift = check_drift(engine, entry, variant) if job.decision.checks_drift else None
         prepared = prepare_all(patch.id, variant.installs, entry.registered.package)
@@ -66,6 +70,45 @@ def carry_out(engine: "Engine", job: Job) -> None:
         entry.ticket = None  # last: until here, an interruption is undone by abandon()
     if error is not None:
         raise error
+
+
+def confirm_declaration(engine: "Engine", job: Job) -> bool:
+    """Before the first install of a patch read from the catalogue's index, import its declaration
+    module (without the lock) and check the index said what it declares; True: install as decided.
+
+    A declaration that differs (the index is stale) replaces the index's copy, with a warning, and
+    the patch is decided again from it; one that is gone or fails to load fails the patch. Either
+    way this job is given up, so nothing is installed from data the declaration does not hold.
+    """
+    entry, module = job.entry, job.entry.registered.declared_in
+    assert module is not None
+    try:
+        declared: Patch | None = catalogue.declared(module, entry.patch.id)
+        problem = None if declared is not None else DeclarationError(
+            f"{module} no longer declares {entry.patch.id} (the catalogue's index is stale: regenerate it with "
+            f"`patchkit matrix catalogue`)")
+    except Exception as exc:
+        declared, problem = None, exc
+    with engine._lock:
+        if entry.ticket is not job.ticket:
+            return False  # reverted meanwhile
+        if declared == entry.patch:
+            entry.registered = entry.registered._replace(declared_in=None)
+            return True
+        entry.ticket = None
+        if declared is None:
+            entry.fail(f"loading its declaration module {module}", problem or DeclarationError(module))
+        else:
+            logger.warning("patchkit: %s: %s declares it otherwise than the catalogue's index (stale: regenerate "
+                           "it with `patchkit matrix catalogue`); deciding again from the declaration",
+                           entry.patch.id, module)
+            entry.registered = Registered(declared, entry.registered.package)
+    if declared is None:
+        if entry.settings.strict:
+            raise problem or DeclarationError(module)
+        return False
+    engine._decide_again(entry, f"after loading {module}", job.just_imported)
+    return False
 
 
 def install_failed(entry: Entry, variant: "Variant", exc: Exception) -> None:

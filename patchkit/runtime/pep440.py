@@ -9,7 +9,7 @@ a grid of versions and specifiers (pre, post, dev, local, epochs, wildcards, ``~
 
 Specifiers are always evaluated as ``packaging``'s ``contains(version, prereleases=True)``: a
 pre-release is never excluded *because* it is a pre-release. PEP 440's exclusive-bound rules still
-hold, and they decide how ranges treat the next version's pre-releases (docs: README, "Version
+hold, and they decide how ranges treat the next version's pre-releases (docs/compat-matrix.md, "Version
 ranges and pre-releases"): ``<0.48`` excludes ``0.48.0rc1`` (a pre-release of the bound itself is
 not "below" it) and ``>=0.48`` excludes it too (it sorts before ``0.48``). A variant meant to cover
 the pre-releases of its first version writes its bounds as ``>=0.48.0rc0,<0.49.0rc0``.

@@ -132,11 +132,20 @@ def _path_based(spec: ModuleSpec) -> bool:
     return namespace or isinstance(spec.loader, (SourceFileLoader, SourcelessFileLoader, ExtensionFileLoader))
 
 
+#: Parsed specifier sets, and which versions they hold: a catalogue repeats the same few ranges in
+#: many patches, and each decision asks again (start-up must not grow with the number of patches).
+_SPECIFIERS: dict[str, SpecifierSet] = {}
+_CONTAINS: dict[tuple[str, Version], bool] = {}
+
+
 def specifier(spec: str) -> SpecifierSet:
-    try:
-        return SpecifierSet(spec)
-    except (pep440.InvalidSpecifier, pep440.InvalidVersion) as exc:
-        raise DeclarationError(f"invalid version specifier {spec!r}: {exc}") from None
+    found = _SPECIFIERS.get(spec)
+    if found is None:
+        try:
+            found = _SPECIFIERS[spec] = SpecifierSet(spec)
+        except (pep440.InvalidSpecifier, pep440.InvalidVersion) as exc:
+            raise DeclarationError(f"invalid version specifier {spec!r}: {exc}") from None
+    return found
 
 
 def variant_matches(variant: Variant, versions: Mapping[str, InstalledVersion]) -> bool:
@@ -145,7 +154,11 @@ def variant_matches(variant: Variant, versions: Mapping[str, InstalledVersion]) 
         found = versions.get(dist)
         if found is None or found.version is None:
             return False
-        if not specifier(spec).contains(found.version):
+        key = (spec, found.version)
+        holds = _CONTAINS.get(key)
+        if holds is None:
+            holds = _CONTAINS[key] = specifier(spec).contains(found.version)
+        if not holds:
             return False
     return True
 

@@ -88,14 +88,14 @@ def load_upstreams() -> None:
         import megatron.bridge.models.conversion.model_bridge  # noqa: F401
 
 
-def run(rank: int, world_size: int, out_dir: str) -> None:
+def run(rank: int, world_size: int, out_dir: str, init_method: str) -> None:
     load_upstreams()
     import torch
+    from _multiprocess import init_rank
 
     # A file rendezvous, not a TCP port picked by the parent: ranks load Bridge for seconds before they
     # bind, and a port found free then was taken by another job in between (EADDRINUSE).
-    rendezvous = f"file://{Path(out_dir, 'rendezvous').resolve()}"
-    torch.distributed.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=world_size)
+    init_rank(rank, world_size, init_method)
     try:
         from megatron.bridge.models.conversion import model_bridge
         from megatron.core import parallel_state

@@ -9,7 +9,7 @@ import pytest
 import patchkit
 from patchkit.doctor import FAILED, VERIFIED, run
 from patchkit.runtime.status import Reason
-from patchkit.selfcheck import patches_as_they_were, upstream_behaviour
+from patchkit.selfcheck import upstream_behaviour
 
 BRIDGE_PATCHES = (
     "bridge.modelopt_layer_spec", "bridge.quant_linear_parallelism", "bridge.skip_quantizer_params",
@@ -17,10 +17,7 @@ BRIDGE_PATCHES = (
 )
 
 
-@pytest.fixture(autouse=True)
-def _doctor_leaves_no_patch_applied():
-    with patches_as_they_were():
-        yield
+pytestmark = pytest.mark.usefixtures("patches_restored")
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ import importlib.metadata
 import json
 
 import pytest
-import torch
 from ep_worker import GROUPED_QUANTIZER
 from megatron.bridge.models.conversion import model_bridge
 from megatron.bridge.models.conversion.param_mapping import AutoMapping
@@ -150,13 +149,12 @@ def test_upstream_sort_key_orders_both_expert_namings_natively():
 def ep_results(tmp_path_factory):
     """Each of 4 gloo ranks (EP=4, 8 experts) runs ``ep_worker.run``; their JSON results, by rank."""
     import ep_worker
+    from _multiprocess import rendezvous, spawn_ranks
 
     out = tmp_path_factory.mktemp("ep")
     # spawn: fresh interpreters that load ModelOpt's plugin and Bridge in ep_worker.load_upstreams (forking
     # the pytest process, with gloo and torch threads used, is unsafe; see ep_worker for the forkserver).
-    torch.multiprocessing.start_processes(
-        ep_worker.run, args=(4, str(out)), nprocs=4, join=True, start_method="spawn"
-    )
+    spawn_ranks(ep_worker.run, 4, (4, str(out), rendezvous(out / "rendezvous")), timeout=600)
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(4)]
 
 

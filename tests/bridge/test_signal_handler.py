@@ -19,15 +19,12 @@ from patchkit.patches.bridge._checks.signal_handler_main_thread import enter_off
 import patchkit
 from patchkit.doctor import FAILED, VERIFIED, run
 from patchkit.runtime.status import Reason
-from patchkit.selfcheck import patches_as_they_were, upstream_behaviour
+from patchkit.selfcheck import upstream_behaviour
 
 PATCH = "bridge.signal_handler_main_thread"
 
 
-@pytest.fixture(autouse=True)
-def _no_patch_left_applied():
-    with patches_as_they_were():
-        yield
+pytestmark = pytest.mark.usefixtures("patches_restored")
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ selects, as pyenv's does. The case that broke on a fresh machine: nox started th
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import sys
 from pathlib import Path
@@ -87,3 +88,46 @@ def test_a_missing_python_is_none_and_the_message_says_how_to_get_it(tmp_path):
     message = missing_message("3.12", "environment mcore-0.19")
     assert "Python 3.12 is needed by environment mcore-0.19" in message
     assert "pyenv install 3.12" in message and "uv python install 3.12" in message and "\n" not in message
+
+
+def script(path: Path, body: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"#!/bin/sh\n" + body.encode("latin-1"))
+    path.chmod(0o755)
+    return path
+
+
+@pytest.mark.parametrize("status", [0, 1])
+def test_a_python_printing_bytes_that_are_not_utf8_is_skipped_not_a_crash(tmp_path, status):
+    script(tmp_path / "first" / "python3.12", f"printf '\\377\\376 caf\\351\\n'\nexit {status}\n")
+    plain = interpreter(tmp_path / "second" / "python3.12", "3.12")
+    assert find_python("3.12", environ(tmp_path, None, tmp_path / "first", tmp_path / "second")) == plain
+
+
+def test_an_interpreter_whose_path_holds_spaces_is_found(tmp_path):
+    path = tmp_path / "Program Files" / "my  python" / "python3.12"
+    script(path, f'echo 3.12\necho "{path}"\n')
+    assert find_python("3.12", environ(tmp_path, None, path.parent)) == path
+
+
+def test_a_hanging_shim_costs_a_short_bounded_wait_and_one_warning_naming_it(tmp_path, monkeypatch, caplog):
+    import time
+
+    import devtools.interpreters as interpreters
+
+    monkeypatch.setattr(interpreters, "PROBE_TIMEOUT", 1.0, raising=False)
+    sleep = shutil.which("sleep")
+    assert sleep is not None
+    hanging = script(tmp_path / "shims" / "python3.12", f"{sleep} 60 &\nwait\n")  # its child holds the pipe too
+    plain = interpreter(tmp_path / "second" / "python3.12", "3.12")
+    started = time.monotonic()
+    assert find_python("3.12", environ(tmp_path, None, hanging.parent, tmp_path / "second")) == plain
+    assert time.monotonic() - started < 5
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and str(hanging) in warned[0] and "\n" not in warned[0]
+
+
+def test_the_default_probe_time_limit_is_short():
+    import devtools.interpreters as interpreters
+
+    assert interpreters.PROBE_TIMEOUT <= 5

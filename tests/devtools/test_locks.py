@@ -50,3 +50,16 @@ def test_an_override_files_content_is_part_of_the_inputs(tmp_path):
     assert before.overrides == ("overrides.txt",) and "overrides.txt" not in before.requirements
     (tmp_path / "overrides.txt").write_text("certifi>=2026.11.1\n")
     assert inputs_for("3.12", steps, tmp_path).digest() != before.digest()
+
+
+def test_a_lock_that_is_a_directory_or_not_text_is_stale_with_a_one_line_message(tmp_path):
+    inputs = inputs_for("3.11", STEPS, tmp_path)
+    folder = tmp_path / "tests-x.txt"
+    folder.mkdir()
+    binary = tmp_path / "tests-y.txt"
+    binary.write_bytes(b"\xff\xfe\x00garbage\n# inputs sha256:" + b"0" * 64 + b"\n")
+    for lock in (folder, binary):
+        with pytest.raises(StaleLockError) as caught:
+            check(lock, inputs, "tests-x")
+        assert str(lock) in str(caught.value) and "nox -s lock" in str(caught.value)
+        assert "\n" not in str(caught.value)

@@ -1,4 +1,4 @@
-"""What vLLM serves is what the trainer trained (issue 12): export -> refit in one process, CPU.
+"""What vLLM serves is what the trainer trained: export -> refit in one process, CPU.
 
 Trainer: tiny QAT Megatron GPTs (dense and MoE) after real SGD steps (``trainer.py``). Serving:
 vLLM's own ModelOpt NVFP4 layers, built by vLLM's ``create_weights``, started as

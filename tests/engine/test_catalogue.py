@@ -100,3 +100,20 @@ def test_shipped_helper_modules_are_not_loaded_at_start_up_and_declare_nothing()
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert int(result.stdout) >= 15
+
+
+def test_declarations_in_a_family_sub_package_are_found_one_level_deep(toy_catalogue, tmp_path):
+    family = tmp_path / toy_catalogue / "up" / "family"
+    (family / "_checks").mkdir(parents=True)
+    (family / "__init__.py").write_text("")
+    (family / "nested.py").write_text(_DECLARATION.format(annotation="", id="toy.nested"))
+    (family / "_impl.py").write_text('raise RuntimeError("an implementation module was imported")\n')
+    (family / "_checks" / "__init__.py").write_text("")
+    (family / "_checks" / "hidden.py").write_text(_DECLARATION.format(annotation="", id="toy.hidden"))
+    deeper = family / "deeper"
+    deeper.mkdir()
+    (deeper / "__init__.py").write_text("")
+    (deeper / "too_deep.py").write_text(_DECLARATION.format(annotation="", id="toy.too_deep"))
+    found, _ = catalogue.load(toy_catalogue)
+    assert sorted(r.patch.id for r in found) == ["toy.annotated", "toy.nested", "toy.plain"]
+    assert {r.package for r in found if r.patch.id == "toy.nested"} == {f"{toy_catalogue}.up.family"}

@@ -9,7 +9,8 @@ upstream, so a new module is checked the day it is added:
   declaration and implementation directly; a family package holds declaration modules, their
   implementation, private modules the family shares, and ``_checks/``;
 - a declaration module (public name, assigns ``PATCHES``) only declares: one ``Patch`` whose id is
-  ``<upstream>.<module name>``, plain constants, imports from ``patchkit`` alone; no function, no class;
+  ``<upstream>.<module name>``, plain constants, imports from ``patchkit`` and the upstream's
+  ``_constants`` leaf alone; no function, no class;
 - its implementation is found from its id: every reference an install names is in the module
   ``_<id tail>`` or the package ``_<id tail>/`` beside the declaration; in such a package, a module per
   release span is named ``v<major><minor>`` after the first release it serves;
@@ -254,8 +255,9 @@ _DECLARING = {"Patch", "Variant", "Replace", "Wrap", "Add", "Call"}
 def _is_declaration_statement(node: ast.stmt) -> bool:
     if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
         return True  # the docstring
-    if isinstance(node, ast.ImportFrom):
-        return node.level == 0 and node.module in ("__future__", "patchkit", "typing")
+    if isinstance(node, ast.ImportFrom):  # patchkit, or the upstream's _constants leaf (checked below)
+        return (node.level == 0 and node.module in ("__future__", "patchkit", "typing")) or (
+            node.level > 0 and node.module == "_constants")
     if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
         return True
     if isinstance(node, (ast.Assign, ast.AnnAssign)):
@@ -275,6 +277,7 @@ def test_a_declaration_module_only_declares(name):
     others = [f"line {node.lineno}: {ast.unparse(node).splitlines()[0]}"
               for node in module.tree.body if not _is_declaration_statement(node)]
     assert others == [], f"{name} does more than declare (move code to an implementation module)"
+    assert module.imports <= {f"{module.upstream}._constants"}, f"{name} imports {sorted(module.imports)}"
 
 
 def _declared_ids(module: Module) -> list[str]:

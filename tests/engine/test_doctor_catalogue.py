@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from patchkit.runtime.catalogue import load
+from patchkit.runtime.catalogue import scan
 
 TESTS = Path(__file__).resolve().parents[1]
 
 
 def shipped():
-    registered, errors = load()
+    registered, errors = scan()
     assert not errors, errors
     return registered
 

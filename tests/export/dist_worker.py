@@ -11,13 +11,13 @@ one GPU a rank, nothing stood in (ModelOpt's CUDA kernel quantizes).
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
 
-def run(rank: int, world_size: int, port: int, out_dir: str, layout: dict, moe: bool, dtype_name: str,
+def run(rank: int, world_size: int, init_method: str, out_dir: str, layout: dict, moe: bool, dtype_name: str,
         device: str = "cpu") -> None:
+    """One rank, started by ``tests/_multiprocess.spawn_ranks``; meets the others through ``init_method``."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "megatron"))
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -28,15 +28,15 @@ def run(rank: int, world_size: int, port: int, out_dir: str, layout: dict, moe: 
     import contextlib
 
     import torch
+    from _multiprocess import init_rank
     from cpu_harness import cpu_megatron
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     on_gpu = device == "cuda"
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if on_gpu:
         torch.cuda.set_device(rank)
-    torch.distributed.init_process_group("nccl" if on_gpu else "gloo", rank=rank, world_size=world_size)
+    init_rank(rank, world_size, init_method, "nccl" if on_gpu else "gloo")
     try:
         from megatron.core.transformer.moe import moe_utils
 

@@ -7,6 +7,7 @@ backend, so the trainer's fake-quantized weight is available on CPU.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -37,6 +38,14 @@ def build_gpt(moe: bool, *, mtp: bool = False, dtype: torch.dtype = torch.float3
                      share_embeddings_and_output_weights=False,
                      pre_process=_stage()[0], post_process=_stage()[1])
     return model.to(dtype)
+
+
+def quantized_modules(model) -> Iterator[tuple[str, Any, Any]]:
+    """``(name, module, weight_quantizer)`` of every module whose weight quantizer is enabled."""
+    for name, module in model.named_modules():
+        quantizer = getattr(module, "weight_quantizer", None)
+        if getattr(quantizer, "is_enabled", False):
+            yield name, module, quantizer
 
 
 def _stage() -> tuple[bool, bool]:

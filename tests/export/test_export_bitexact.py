@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from export_models import build_gpt, qat
+from export_models import build_gpt, qat, quantized_modules
 from patchkit.patches.modelopt.qat import export_implementation, export_qat_config, export_qat_weights
 from patchkit.patches.modelopt.qat._nvfp4_pack import dequantize_nvfp4, quantize_nvfp4
 
@@ -68,10 +68,7 @@ def test_dequantized_export_equals_the_trainers_fake_quantized_weight(megatron_c
     model = qat(build_gpt(moe, dtype=dtype, seed=5))
     exported = dict(export_qat_weights([model]))
     checked = 0
-    for name, module in model.named_modules():
-        quantizer = getattr(module, "weight_quantizer", None)
-        if not getattr(quantizer, "is_enabled", False):
-            continue
+    for name, module, quantizer in quantized_modules(model):
         with torch.no_grad():
             trained = quantizer(module.weight)
         restored = dequantize_nvfp4(exported[f"{name}.weight"], exported[f"{name}.weight_scale"],

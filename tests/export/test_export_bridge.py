@@ -79,7 +79,7 @@ def test_a_parameter_the_bridge_does_not_map_is_an_error_naming_it(qat_bridge_mo
     assert error.value.layer == "decoder.layers.1.self_attention.linear_proj"
 
 
-# --- expert layouts (issue 23, item 4) ------------------------------------------------------------
+# --- expert layouts -----------------------------------------------------------------------------
 
 PER_EXPERT_SUFFIXES = {"weight", "weight_scale", "weight_scale_2"}
 

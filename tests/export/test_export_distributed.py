@@ -2,23 +2,21 @@
 
 The single-rank export of the same weights is the reference; every rank of the parallel job must
 yield exactly its names, in its order, with bit-identical tensors (``dist_worker``). Each layout
-runs in fresh processes (forkserver), two ranks on CPU.
+runs in fresh processes (``tests/_multiprocess.spawn_ranks``), two ranks on CPU.
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from export_models import build_gpt, full_state, qat
 from patchkit.patches.modelopt.qat import export_qat_config, export_qat_weights
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "megatron"))
-from cpu_harness import free_port  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _multiprocess import rendezvous, spawn_ranks  # noqa: E402
 
 LAYOUTS = [
     pytest.param({"tp": 2}, True, id="tp2-moe"),
@@ -40,8 +38,7 @@ def test_parallel_export_equals_single_rank_export(megatron_cpu, cpu_backend, tm
     reference_config = export_qat_config([model])["hf_quant_config"]["quantization"]
     torch.save({"state": state, "exported": exported}, tmp_path / "reference.pt")
 
-    multiprocessing.get_context("forkserver")
-    mp.spawn(dist_worker.run, args=(2, free_port(), str(tmp_path), layout, moe, "bfloat16"), nprocs=2,
-             join=True, start_method="forkserver")
+    spawn_ranks(dist_worker.run, 2, (2, rendezvous(tmp_path / "rendezvous"), str(tmp_path), layout, moe, "bfloat16"),
+                timeout=600)
     names = [name for name, _ in exported]
     dist_worker.assert_every_rank_matches(str(tmp_path), names, reference_config)

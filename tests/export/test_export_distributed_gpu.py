@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.multiprocessing as mp
+from _multiprocess import rendezvous, spawn_ranks
 from export_models import build_gpt, full_state, qat
-from megatron_gpu_setup import free_port
 from patchkit.patches.modelopt.qat import export_qat_config, export_qat_weights
 
 pytestmark = [
@@ -44,7 +43,7 @@ def test_two_gpu_export_equals_one_gpu_export(megatron_gpu, tmp_path, layout, mo
     assert any(tensor.dtype == torch.uint8 for _, tensor in exported)  # NVFP4 was exported
     torch.save({"state": state, "exported": exported}, tmp_path / "reference.pt")
 
-    mp.start_processes(dist_worker.run, args=(2, free_port(), str(tmp_path), layout, moe, "bfloat16", "cuda"),
-                       nprocs=2, join=True, start_method="spawn")
+    spawn_ranks(dist_worker.run, 2,
+                (2, rendezvous(tmp_path / "rendezvous"), str(tmp_path), layout, moe, "bfloat16", "cuda"), timeout=600)
     names = [name for name, _ in exported]
     dist_worker.assert_every_rank_matches(str(tmp_path), names, reference_config)

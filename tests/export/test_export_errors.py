@@ -126,7 +126,7 @@ def _train_one_step(model) -> None:
 def test_a_weight_without_whole_nvfp4_blocks_is_named_before_the_first_tensor(
     megatron_cpu, cpu_backend, overrides, layer, columns
 ):
-    """Issue 25: hidden size 72 trained under QAT, then the export streamed 4 tensors and raised an
+    """Hidden size 72 trained under QAT, then the export streamed 4 tensors and raised an
     untyped ValueError naming no layer. The shapes are checked when export_qat_weights is called."""
     moe = "num_moe_experts" in overrides
     model = qat(build_gpt(moe, **overrides))

@@ -17,7 +17,7 @@ if not torch.cuda.is_available():
 
 @pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
 def test_cuda_export_equals_modelopt_export_and_the_kernels_fake_quant(megatron_gpu, moe):
-    from export_models import build_gpt
+    from export_models import build_gpt, quantized_modules
     from modelopt.torch.export import quant_utils
     from patchkit.patches.modelopt.qat import apply_qat, export_qat_weights
     from patchkit.patches.modelopt.qat._checks._nvfp4_grid import at_rounding_tie
@@ -27,10 +27,7 @@ def test_cuda_export_equals_modelopt_export_and_the_kernels_fake_quant(megatron_
     (model,) = apply_qat([model], backend=None)  # ModelOpt's CUDA/Triton kernel
     exported = dict(export_qat_weights([model]))
     checked = 0
-    for name, module in model.named_modules():
-        quantizer = getattr(module, "weight_quantizer", None)
-        if not getattr(quantizer, "is_enabled", False):
-            continue
+    for name, module, quantizer in quantized_modules(model):
         fmt = quant_utils.get_quantization_format(module)
         scale = quant_utils.get_weight_scaling_factor(module)
         scale_2 = quant_utils.get_weight_scaling_factor_2(module)

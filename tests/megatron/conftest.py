@@ -13,7 +13,7 @@ pytest.importorskip("megatron.core")  # before torch: without torch the folder i
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from cpu_harness import cpu_megatron, destroy_parallel_state, initialize_parallel_state  # noqa: E402
+from cpu_harness import megatron_state_on_cpu  # noqa: E402
 from megatron_gpu_setup import megatron_gpu  # noqa: E402,F401  (the GPU tests' fixture)
 from tiny_gpt import Batch, build_tiny_gpt, make_batch  # noqa: E402
 
@@ -21,12 +21,8 @@ from tiny_gpt import Batch, build_tiny_gpt, make_batch  # noqa: E402
 @pytest.fixture
 def megatron_cpu() -> Iterator[None]:
     """Megatron parallel state (TP=PP=CP=1) on a one-rank gloo group, CUDA-only calls redirected."""
-    with cpu_megatron():
-        initialize_parallel_state()
-        try:
-            yield
-        finally:
-            destroy_parallel_state()
+    with megatron_state_on_cpu():
+        yield
 
 
 @pytest.fixture

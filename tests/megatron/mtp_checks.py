@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from importlib.metadata import version
 from typing import Any
 
+import pytest
 import torch
+from packaging.version import Version
 from tiny_gpt import Batch
+
+#: The installed megatron-core release, which the MTP tests branch on.
+MCORE = Version(version("megatron-core"))
 
 ATOL = 1e-5
 
@@ -144,17 +150,17 @@ def assert_all_gradients_finite(model: Any) -> None:
 
 
 def context_parallel_zero_mask_rank(
-    rank: int, world_size: int, init_method: str, patched: bool, results: Any, backend: str = "gloo"
-) -> None:
-    """One rank of a CP=2 job (gloo on CPU, or NCCL with one GPU a rank): rank 1 holds only masked
-    tokens; report finiteness per rank.
+    rank: int, world_size: int, init_method: str, patched: bool, backend: str = "gloo"
+) -> tuple[bool, bool]:
+    """One rank of a CP=2 job (``tests/_multiprocess.spawn_ranks``; gloo on CPU, or NCCL with one GPU a
+    rank): rank 1 holds only masked tokens; returns whether its loss and gradients are finite and
+    whether its MTP layers trained.
 
     The local (non-TE) attention cannot run context parallelism, so the decoder is left out: the
     main hidden states are a leaf standing in for the decoder's output shard, and the postprocess
     runs upstream's MTP block (its embedding roll over the CP group included) and the MTP loss.
     """
-    import datetime
-
+    from _multiprocess import init_rank
     from cpu_harness import cpu_megatron
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
@@ -166,8 +172,7 @@ def context_parallel_zero_mask_rank(
     if backend == "nccl":
         torch.cuda.set_device(rank)
         device = torch.device("cuda", rank)
-    torch.distributed.init_process_group(backend=backend, init_method=init_method, rank=rank, world_size=world_size,
-                                         timeout=datetime.timedelta(seconds=180))
+    init_rank(rank, world_size, init_method, backend)
     try:
         with cpu_megatron() if backend == "gloo" else contextlib.nullcontext():
             parallel_state.initialize_model_parallel(context_parallel_size=2)
@@ -204,21 +209,21 @@ def context_parallel_zero_mask_rank(
             )
             mtp_trained = any(p.grad is not None and p.grad.abs().sum() > 0
                               for n, p in model.named_parameters() if n.startswith("mtp."))
-            results.put((rank, finite, mtp_trained))
             parallel_state.destroy_model_parallel()
+            return finite, mtp_trained
     finally:
         torch.distributed.destroy_process_group()
 
 
-def tensor_parallel_mtp_rank(rank: int, world_size: int, port: int, results: Any) -> None:
-    """One rank of a TP=2 gloo job (vocab-parallel output layer): MTP losses and head gradients.
+def tensor_parallel_mtp_rank(rank: int, world_size: int, init_method: str) -> tuple[bool, float, bool, bool]:
+    """One rank of a TP=2 gloo job (vocab-parallel output layer, ``tests/_multiprocess.spawn_ranks``):
+    MTP losses and head gradients.
 
     Reports, per rank: whether the attached MTP losses equal upstream's (same model, unpatched
     run first), the output-layer shard's MTP-only gradient magnitude with the head detached
     (default) and trained, and whether every MTP parameter got gradient.
     """
-    import os
-
+    from _multiprocess import init_rank
     from cpu_harness import cpu_megatron
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
@@ -227,9 +232,7 @@ def tensor_parallel_mtp_rank(rank: int, world_size: int, port: int, results: Any
 
     import patchkit
 
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.distributed.init_process_group(backend="gloo", rank=rank, world_size=world_size)
+    init_rank(rank, world_size, init_method)
     attached: list[torch.Tensor] = []
     original_apply = MTPLossAutoScaler.apply
 
@@ -258,9 +261,26 @@ def tensor_parallel_mtp_rank(rank: int, world_size: int, port: int, results: Any
                 for ours, theirs in zip(attached, upstream * 2, strict=True)
             )
             mtp_trained = all(grad_magnitude(p) > 0 for p in mtp_parameters(model).values())
-            results.put((rank, equal, head_grads["detached"], head_grads["trained"] > 0, mtp_trained))
             MTPLossLoggingHelper.tracker.clear()
             parallel_state.destroy_model_parallel()
+            return equal, head_grads["detached"], head_grads["trained"] > 0, mtp_trained
     finally:
         MTPLossAutoScaler.apply = original_apply
         torch.distributed.destroy_process_group()
+
+
+def check_option_from_environment(monkeypatch: Any, variable: str, value: str, field: str, expected: str) -> None:
+    """``variable=value`` sets the process default ``field`` (case folded); a value outside the choices
+    is a typed error naming the variable. The default is read afresh, and reset on the way out."""
+    from patchkit.patches.megatron.mtp import _options
+
+    monkeypatch.setenv(variable, value)
+    _options.reset_default()
+    try:
+        assert getattr(_options.default_options(), field) == expected
+        monkeypatch.setenv(variable, "not-a-choice")
+        _options.reset_default()
+        with pytest.raises(_options.MTPOptionError, match=variable):
+            _options.default_options()
+    finally:
+        _options.reset_default()

@@ -40,3 +40,23 @@ __all__ = [
     "Batch", "NUM_EXPERTS", "RoutingCapture", "TOPK", "VOCAB_SIZE", "build_tiny_moe",
     "causal_batch", "dispatchers", "forward_loss", "routers", "shift_expert_bias", "thd_batch",
 ]
+
+
+def record_then_replay(model, batch, *, backward_action):
+    """Record one forward/backward, move the routing (expert bias), replay the recorded targets in a
+    forward and run its backward under ``backward_action``; the gradients (recorded, replayed)."""
+    from patchkit.patches.megatron import router_replay as replay
+
+    replay.set_action("record")
+    forward_loss(model, batch).sum().backward()
+    recorded = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    targets = [t.clone() for t in replay.recorded()]
+
+    shift_expert_bias(model)
+    model.zero_grad(set_to_none=True)
+    replay.set_targets(targets)
+    replay.set_action("replay_forward")
+    loss = forward_loss(model, batch).sum()
+    replay.set_action(backward_action)
+    loss.backward()
+    return recorded, [p.grad for p in model.parameters() if p.grad is not None]

@@ -6,28 +6,19 @@ import torch
 from cpu_harness import cpu_megatron
 
 
-def test_harness_restores_redirected_cuda_calls() -> None:
+def _redirected_calls() -> tuple[object, ...]:
+    """The CUDA-only calls the harness redirects, as they are now."""
     from megatron.core.tensor_parallel import random as megatron_random
 
-    before = (
-        torch.cuda.current_device,
-        torch.cuda.get_rng_state,
-        torch.cuda.manual_seed,
-        torch.cuda.current_stream,
-        megatron_random._get_cuda_rng_state,
-        megatron_random._set_cuda_rng_state,
-    )
+    return (torch.cuda.current_device, torch.cuda.get_rng_state, torch.cuda.manual_seed, torch.cuda.current_stream,
+            megatron_random._get_cuda_rng_state, megatron_random._set_cuda_rng_state)
+
+
+def test_harness_restores_redirected_cuda_calls() -> None:
+    before = _redirected_calls()
     with cpu_megatron():
         assert torch.cuda.current_device() == "cpu"
-    after = (
-        torch.cuda.current_device,
-        torch.cuda.get_rng_state,
-        torch.cuda.manual_seed,
-        torch.cuda.current_stream,
-        megatron_random._get_cuda_rng_state,
-        megatron_random._set_cuda_rng_state,
-    )
-    assert after == before
+    assert _redirected_calls() == before
 
 
 def test_tiny_gpt_with_mtp_trains_every_parameter_on_cpu(tiny_gpt, batch, empty_mtp_tracker) -> None:

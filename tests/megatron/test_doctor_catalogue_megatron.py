@@ -1,26 +1,30 @@
-"""`patchkit doctor` for the Megatron-Core catalogue patches added from the RL frameworks' inventory
-(issue 24): each self-check is verified on the installed release, and fails when the patch is
+"""`patchkit doctor` for the Megatron-Core catalogue patches added from the RL frameworks' inventory:
+each self-check is verified on the installed release, and fails when the patch is
 bypassed (upstream's code back while the status says applied) or, for a native claim, when
 upstream's behaviour is taken away."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 import patchkit
 from patchkit.doctor import FAILED, VERIFIED, run
-from patchkit.selfcheck import patches_as_they_were, upstream_behaviour
+from patchkit.selfcheck import upstream_behaviour
 
-
-@pytest.fixture(autouse=True)
-def _doctor_leaves_no_patch_applied():
-    with patches_as_they_were():
-        yield
+pytestmark = pytest.mark.usefixtures("patches_restored")
 
 
 def _verdict(patch_id: str):
     (verdict,) = run([patch_id], device="cpu")[0]
     return verdict
+
+
+def _applied_verdict(patch_id: str, *, as_upstream: bool = False):
+    """The check's verdict with the patch applied (and its originals back in place when ``as_upstream``)."""
+    with patchkit.applied(patch_id), upstream_behaviour(patch_id) if as_upstream else contextlib.nullcontext():
+        return _verdict(patch_id)
 
 
 # --- megatron.tms_hook_mode ---
@@ -38,8 +42,7 @@ except ImportError:
 
 def test_tms_hook_mode_check_is_verified():
     pytest.importorskip("torch_memory_saver")
-    with patchkit.applied("megatron.tms_hook_mode"):
-        verdict = _verdict("megatron.tms_hook_mode")
+    verdict = _applied_verdict("megatron.tms_hook_mode")
     assert verdict.verdict == VERIFIED, verdict.message
 
 
@@ -66,15 +69,13 @@ def test_tms_hook_mode_check_fails_with_upstreams_setter(monkeypatch):
 
 
 def test_routing_replay_keyword_check_is_verified():
-    with patchkit.applied("megatron.routing_replay_keyword"):
-        verdict = _verdict("megatron.routing_replay_keyword")
+    verdict = _applied_verdict("megatron.routing_replay_keyword")
     assert verdict.verdict == VERIFIED, verdict.message
 
 
 @pytest.mark.breaks("megatron.routing_replay_keyword")
 def test_routing_replay_keyword_check_fails_with_upstreams_init():
-    with patchkit.applied("megatron.routing_replay_keyword"), upstream_behaviour("megatron.routing_replay_keyword"):
-        verdict = _verdict("megatron.routing_replay_keyword")
+    verdict = _applied_verdict("megatron.routing_replay_keyword", as_upstream=True)
     assert verdict.verdict == FAILED
     assert "TransformerConfig accepts enable_routing_replay=True: expected a config, found TypeError" in verdict.message
 
@@ -83,8 +84,7 @@ def test_routing_replay_keyword_check_fails_with_upstreams_init():
 
 
 def test_output_processor_check_is_verified():
-    with patchkit.applied("megatron.output_processor"):
-        verdict = _verdict("megatron.output_processor")
+    verdict = _applied_verdict("megatron.output_processor")
     assert verdict.verdict == VERIFIED, verdict.message
 
 
@@ -116,15 +116,13 @@ def test_output_processor_check_fails_without_the_hook(monkeypatch):
 
 
 def test_moe_recompute_release_check_is_verified():
-    with patchkit.applied("megatron.moe_recompute_release"):
-        verdict = _verdict("megatron.moe_recompute_release")
+    verdict = _applied_verdict("megatron.moe_recompute_release")
     assert verdict.verdict == VERIFIED, verdict.message
 
 
 @pytest.mark.breaks("megatron.moe_recompute_release")
 def test_moe_recompute_release_check_fails_with_upstreams_dispatchers():
-    with patchkit.applied("megatron.moe_recompute_release"), upstream_behaviour("megatron.moe_recompute_release"):
-        verdict = _verdict("megatron.moe_recompute_release")
+    verdict = _applied_verdict("megatron.moe_recompute_release", as_upstream=True)
     assert verdict.verdict == FAILED
     assert ("no tensor with autograd history is reachable from the model (holders): expected [], found "
             "['decoder.layers.0.mlp.token_dispatcher.probs', 'decoder.layers.1.mlp.token_dispatcher.probs']"

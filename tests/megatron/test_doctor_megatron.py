@@ -8,16 +8,13 @@ import pytest
 import patchkit
 from patchkit.doctor import FAILED, VERIFIED, run
 from patchkit.runtime.status import Reason
-from patchkit.selfcheck import patches_as_they_were, upstream_behaviour
+from patchkit.selfcheck import upstream_behaviour
 
 CHECKED = ("megatron.mtp_postprocess", "megatron.mtp_detach_inputs", "megatron.mtp_recompute",
            "megatron.swiglu_singleton_local_shards")
 
 
-@pytest.fixture(autouse=True)
-def _doctor_leaves_no_patch_applied():
-    with patches_as_they_were():
-        yield
+pytestmark = pytest.mark.usefixtures("patches_restored")
 
 
 @pytest.fixture

@@ -17,15 +17,12 @@ from patchkit.patches.megatron.rope._checks._mla_thd_cp import CP_SIZE, build_ml
 
 import patchkit
 from patchkit.doctor import FAILED, VERIFIED, run
-from patchkit.selfcheck import patches_as_they_were, upstream_behaviour
+from patchkit.selfcheck import upstream_behaviour
 
 PATCH = "megatron.mla_thd_cp_rope"
 
 
-@pytest.fixture(autouse=True)
-def _leaves_no_patch_applied():
-    with patches_as_they_were():
-        yield
+pytestmark = pytest.mark.usefixtures("patches_restored")
 
 
 def _errors_and_differences(rope_type: str, config_cp_size: int):

@@ -8,11 +8,9 @@ only masked tokens divides by zero in upstream 0.14-0.16 and every gradient beco
 
 from __future__ import annotations
 
-import multiprocessing
-import tempfile
-
 import pytest
 import torch
+from _multiprocess import rendezvous, spawn_ranks
 from mtp_checks import context_parallel_zero_mask_rank
 
 pytestmark = pytest.mark.slow
@@ -25,33 +23,13 @@ BACKENDS = [
 ]
 
 
-def _run_two_ranks(patched: bool, backend: str) -> dict[int, tuple[bool, bool]]:
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    with tempfile.TemporaryDirectory() as rendezvous:  # a file store: no port to pick
-        init_method = f"file://{rendezvous}/store"
-        ranks = [context.Process(target=context_parallel_zero_mask_rank,
-                                 args=(rank, 2, init_method, patched, results, backend)) for rank in range(2)]
-        for process in ranks:
-            process.start()
-        try:
-            outcome = {}
-            for _ in ranks:
-                rank, finite, mtp_trained = results.get(timeout=240)
-                outcome[rank] = (finite, mtp_trained)
-            for process in ranks:
-                process.join(timeout=60)
-                assert process.exitcode == 0, f"a CP rank exited with {process.exitcode}"
-        finally:
-            for process in ranks:  # a rank left waiting in a collective once its peer failed
-                if process.is_alive():
-                    process.kill()
-                    process.join(timeout=30)
-    return outcome
+def _run_two_ranks(patched: bool, folder, backend: str) -> dict[int, tuple[bool, bool]]:
+    outcome = spawn_ranks(context_parallel_zero_mask_rank, 2, (2, rendezvous(folder), patched, backend), timeout=300)
+    return dict(enumerate(outcome))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_cp_rank_without_loss_tokens_gets_finite_loss_and_gradients(backend: str) -> None:
-    outcome = _run_two_ranks(patched=True, backend=backend)
+def test_cp_rank_without_loss_tokens_gets_finite_loss_and_gradients(tmp_path, backend: str) -> None:
+    outcome = _run_two_ranks(patched=True, folder=tmp_path, backend=backend)
     # Rank 1 holds no loss token even after the roll, so its MTP layers rightly get zero gradient.
     assert outcome == {0: (True, True), 1: (True, False)}, outcome

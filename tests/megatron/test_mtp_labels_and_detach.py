@@ -1,4 +1,4 @@
-"""Issue 23 items 1-2 against the real megatron-core on CPU: a forward without labels, and
+"""Two MTP behaviours against the real megatron-core on CPU: a forward without labels, and
 ``mtp_detach_inputs`` with several MTP depths.
 
 1. Without labels (a reference model's or a rollout's log-prob pass) the patched forward returns
@@ -13,18 +13,24 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from importlib.metadata import version
 from typing import Any
 
 import pytest
 import torch
-from mtp_checks import ATOL, gradients, mtp_parameters, output_head, run, token_loss_from_logits
+from mtp_checks import (
+    ATOL,
+    MCORE,
+    check_option_from_environment,
+    gradients,
+    mtp_parameters,
+    output_head,
+    run,
+    token_loss_from_logits,
+)
 from packaging.version import Version
 from tiny_gpt import VOCAB_SIZE, Batch
 
 import patchkit
-
-MCORE = Version(version("megatron-core"))
 
 pytestmark = pytest.mark.usefixtures("empty_mtp_tracker")
 
@@ -128,16 +134,7 @@ def test_without_labels_option_per_model_and_bad_values(
     mtp.enable(model, without_labels="derive")
     run(model, batch, labels=False)
     assert len(attached_mtp_losses) == 1
-    monkeypatch.setenv(_mtp_options.WITHOUT_LABELS_ENV, "Derive")
-    _mtp_options.reset_default()
-    try:
-        assert _mtp_options.default_options().without_labels == "derive"
-        monkeypatch.setenv(_mtp_options.WITHOUT_LABELS_ENV, "never")
-        _mtp_options.reset_default()
-        with pytest.raises(_mtp_options.MTPOptionError, match="PATCHKIT_MTP_WITHOUT_LABELS"):
-            _mtp_options.default_options()
-    finally:
-        _mtp_options.reset_default()
+    check_option_from_environment(monkeypatch, "PATCHKIT_MTP_WITHOUT_LABELS", "Derive", "without_labels", "derive")
 
 
 # --- 2. mtp_detach_inputs with several depths ----------------------------------------------------

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from importlib.metadata import version
 from typing import Any
 
 import pytest
 import torch
 from mtp_checks import (
     ATOL,
+    MCORE,
     assert_attached_mtp_losses_match_upstream,
     assert_trainer_gradients_match_upstream,
     mtp_parameters,
@@ -28,8 +28,6 @@ from packaging.version import Version
 from tiny_gpt import VOCAB_SIZE, Batch
 
 import patchkit
-
-MCORE = Version(version("megatron-core"))
 
 pytestmark = pytest.mark.usefixtures("empty_mtp_tracker")
 

@@ -1,4 +1,4 @@
-"""The MTP fixes RL frameworks carry (issue 13), against the real megatron-core on CPU.
+"""The MTP fixes RL frameworks carry, against the real megatron-core on CPU.
 
 Output head detached for the MTP loss (verl #6432, slime), no NaN on a rank or micro-batch
 without loss tokens (verl #6464), dynamic CP group from the batch, per-model enablement, recompute
@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from importlib.metadata import version
 from typing import Any
 
 import pytest
 import torch
 from mtp_checks import (
     ATOL,
+    MCORE,
     OUTPUT_WEIGHT,
     assert_all_gradients_finite,
     assert_output_head_untouched_and_mtp_trains,
+    check_option_from_environment,
     grad_magnitude,
     mtp_only_backward,
     mtp_parameters,
@@ -38,8 +39,6 @@ from patchkit.patches.megatron.mtp._checks._mtp_recompute_probe import (
 from tiny_gpt import VOCAB_SIZE, Batch
 
 import patchkit
-
-MCORE = Version(version("megatron-core"))
 
 pytestmark = pytest.mark.usefixtures("empty_mtp_tracker")
 
@@ -119,16 +118,7 @@ def test_output_head_option_rejects_unknown_values(monkeypatch: pytest.MonkeyPat
 
     with pytest.raises(_mtp_options.MTPOptionError, match="detached, trained"):
         _mtp_options.configure(output_head="frozen")
-    monkeypatch.setenv(_mtp_options.OUTPUT_HEAD_ENV, "Trained")
-    _mtp_options.reset_default()
-    try:
-        assert _mtp_options.default_options().output_head == "trained"
-        monkeypatch.setenv(_mtp_options.OUTPUT_HEAD_ENV, "nope")
-        _mtp_options.reset_default()
-        with pytest.raises(_mtp_options.MTPOptionError, match="PATCHKIT_MTP_OUTPUT_HEAD"):
-            _mtp_options.default_options()
-    finally:
-        _mtp_options.reset_default()
+    check_option_from_environment(monkeypatch, "PATCHKIT_MTP_OUTPUT_HEAD", "Trained", "output_head", "trained")
 
 
 # 2. No NaN when a micro-batch (or a CP rank: test_mtp_context_parallel.py) has no loss token.

@@ -26,6 +26,7 @@ from replay_models import (
     dispatchers,
     forward_loss,
     megatron_version,
+    record_then_replay,
     routers,
     shift_expert_bias,
     thd_batch,
@@ -156,20 +157,7 @@ def test_recompute_without_backward_replay_routes_differently(moe_replay):
     model = build_tiny_moe(
         recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1
     )
-    batch = causal_batch(seed=21)
-    replay.set_action("record")
-    forward_loss(model, batch).sum().backward()
-    reference = [p.grad.clone() for p in model.parameters() if p.grad is not None]
-    targets = [t.clone() for t in replay.recorded()]
-
-    shift_expert_bias(model)
-    model.zero_grad(set_to_none=True)
-    replay.set_targets(targets)
-    replay.set_action("replay_forward")
-    loss = forward_loss(model, batch).sum()
-    replay.set_action(None)  # recompute routes afresh
-    loss.backward()
-    got = [p.grad for p in model.parameters() if p.grad is not None]
+    reference, got = record_then_replay(model, causal_batch(seed=21), backward_action=None)  # recompute routes afresh
     assert any(not torch.equal(a, b) for a, b in zip(got, reference, strict=True))
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -42,23 +41,16 @@ def _two_gpus() -> bool:
 
 
 def _run_ranks(backend: str, out: Path) -> dict[int, dict]:
-    env = dict(os.environ, PYTHONPATH=str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    procs = [
-        subprocess.Popen([sys.executable, str(Path(__file__).resolve()), str(rank), "2", backend, str(out)],
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for rank in range(2)
-    ]
-    try:
-        logs = [proc.communicate(timeout=RANKS_TIMEOUT_S)[0] for proc in procs]
-    finally:
-        for proc in procs:  # a rank stuck in a collective once its peer died
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=30)
+    from _multiprocess import rendezvous, run_rank_commands
+
+    init_method = rendezvous(out)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
+    run_rank_commands([[sys.executable, str(Path(__file__).resolve()), str(rank), "2", backend, init_method, str(out)]
+                       for rank in range(2)], timeout=RANKS_TIMEOUT_S, env=env)
     found = {}
-    for rank, (proc, log) in enumerate(zip(procs, logs, strict=True)):
+    for rank in range(2):
         path = out / f"rank{rank}.json"
-        assert path.exists(), f"rank {rank} exited {proc.returncode} without results:\n{log[-6000:]}"
+        assert path.exists(), f"rank {rank} exited without results"
         found[rank] = json.loads(path.read_text())
     return found
 
@@ -97,18 +89,17 @@ def test_replay_reproduces_the_recorded_routing_on_every_rank(results, scenario)
 # The rank side.
 
 
-def _run_rank(rank: int, world: int, backend: str, out: str) -> None:
+def _run_rank(rank: int, world: int, backend: str, init_method: str, out: str) -> None:
     import contextlib
-    import datetime
 
     import torch
+    from _multiprocess import init_rank
 
     global DEVICE
     if backend == "nccl":
         torch.cuda.set_device(rank)
         DEVICE = torch.device("cuda", rank)
-    torch.distributed.init_process_group(backend, init_method=f"file://{out}/store", rank=rank, world_size=world,
-                                         timeout=datetime.timedelta(seconds=300))
+    init_rank(rank, world, init_method, backend)
     import traceback
 
     from cpu_harness import cpu_megatron
@@ -353,4 +344,4 @@ SCENARIO_FUNCTIONS = {
 
 
 if __name__ == "__main__":
-    _run_rank(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4])
+    _run_rank(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5])

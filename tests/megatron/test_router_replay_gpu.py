@@ -22,6 +22,7 @@ from replay_models import (
     build_tiny_moe,
     causal_batch,
     forward_loss,
+    record_then_replay,
     shift_expert_bias,
 )
 
@@ -118,21 +119,8 @@ def test_gpu_backward_replay_consumes_each_target_once(moe_replay_gpu):
     model = build_tiny_moe(
         recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1
     ).to(device)
-    batch = _on(causal_batch(seed=21), device)
-    replay.set_action("record")
-    forward_loss(model, batch).sum().backward()
-    reference = [p.grad.clone() for p in model.parameters() if p.grad is not None]
-    targets = [t.clone() for t in replay.recorded()]
-
-    shift_expert_bias(model)
-    model.zero_grad(set_to_none=True)
-    replay.set_targets(targets)
-    replay.set_action("replay_forward")
-    loss = forward_loss(model, batch).sum()
-    replay.set_action("replay_backward")
-    loss.backward()
+    reference, got = record_then_replay(model, _on(causal_batch(seed=21), device), backward_action="replay_backward")
     assert replay.pending_backward() == [0, 0]
-    got = [p.grad for p in model.parameters() if p.grad is not None]
     for a, b in zip(got, reference, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 

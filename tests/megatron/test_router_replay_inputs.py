@@ -1,4 +1,4 @@
-"""Router replay API inputs (issue 10, item 5): validate before changing anything, no silent clamping."""
+"""Router replay API inputs: validate before changing anything, no silent clamping."""
 
 from __future__ import annotations
 

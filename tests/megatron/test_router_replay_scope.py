@@ -1,4 +1,4 @@
-"""Router replay as RL frameworks drive it today (issue 13, router replay items 1 and 3-7).
+"""Router replay as RL frameworks drive it today.
 
 Real megatron-core on CPU (``moe_harness``), every release through the same API: model-scoped
 control keyed by layer number (hybrid dense/MoE stacks, MTP routers), missing-target and

@@ -1,4 +1,4 @@
-"""``sequence_parallel_shard`` on both forms ``pack`` returns (issue 23, item 5).
+"""``sequence_parallel_shard`` on both forms ``pack`` returns.
 
 Under sequence parallelism a router on TP rank ``t`` of CP rank ``c`` sees rows
 ``[t * local / tp, (t + 1) * local / tp)`` of CP rank ``c``'s packed input. ``pack`` returns one

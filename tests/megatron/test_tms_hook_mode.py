@@ -140,22 +140,16 @@ def test_every_import_time_statement_keeps_a_preset_mode_and_an_initialised_save
 
 
 @pytest.mark.usefixtures("patched")
-def test_ld_preload_of_the_preload_library_keeps_the_preload_default() -> None:
+@pytest.mark.parametrize("preloaded, expected", [
+    (True, None),  # LD_PRELOAD of the preload library: torch_memory_saver's default (preload) kept
+    (False, "torch"),  # Megatron's own offloading (no LD_PRELOAD, nobody chose) keeps needing the torch hook
+], ids=["ld-preload-keeps-the-preload-default", "nothing-chosen-megatrons-torch-mode-still-applies"])
+def test_megatrons_statement_without_a_chosen_mode(preloaded: bool, expected: str | None) -> None:
     for module_name, code in _statements():
-        with ld_preload(True):
+        with ld_preload(preloaded):
             saver = fresh_saver()
             run_statement(module_name, code, saver)
-        assert pending_hook_mode(saver) is None, module_name  # torch_memory_saver's default: preload
-
-
-@pytest.mark.usefixtures("patched")
-def test_with_nothing_chosen_megatrons_torch_mode_still_applies() -> None:
-    """Megatron's own offloading (no LD_PRELOAD, nobody chose) keeps needing the torch hook."""
-    for module_name, code in _statements():
-        with ld_preload(False):
-            saver = fresh_saver()
-            run_statement(module_name, code, saver)
-        assert pending_hook_mode(saver) == "torch", module_name
+        assert pending_hook_mode(saver) == expected, module_name
 
 
 @pytest.mark.usefixtures("patched")

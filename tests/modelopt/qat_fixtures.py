@@ -18,7 +18,12 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "megatron"))
-from cpu_harness import cpu_megatron, destroy_parallel_state, free_port, initialize_parallel_state  # noqa: E402,F401
+from cpu_harness import (  # noqa: E402,F401
+    cpu_megatron,
+    destroy_parallel_state,
+    initialize_parallel_state,
+    megatron_state_on_cpu,
+)
 
 # The grid check is shipped: the ModelOpt self-check judges NVFP4 output with the same code.
 from patchkit.patches.modelopt.qat._checks._nvfp4_grid import E2M1, assert_blocks_on_fp4_grid  # noqa: E402,F401
@@ -34,12 +39,8 @@ def megatron_cpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
     if not hasattr(moe_utils, "te_general_gemm"):
         monkeypatch.setattr(moe_utils, "te_general_gemm", None, raising=False)
-    with cpu_megatron():
-        initialize_parallel_state()
-        try:
-            yield
-        finally:
-            destroy_parallel_state()
+    with megatron_state_on_cpu():
+        yield
 
 
 def build_tiny_moe_gpt(mtp_num_layers: int | None = 1, num_experts: int = 4, seed: int = 0, **overrides: Any):
@@ -116,7 +117,7 @@ def fake_quant_weights(model: Any) -> dict[str, torch.Tensor]:
     return out
 
 
-def ddp_world_worker(rank: int, world_size: int, port: int, result_dir: str) -> None:
+def ddp_world_worker(rank: int, world_size: int, init_method: str, result_dir: str) -> None:
     """One rank of a gloo world: DDP-wrapped tiny GPT, QAT the framework way, forward/backward, grad sync.
 
     Checks on every rank: the caller's DDP object comes back, parameters are DDP's (same objects),
@@ -124,8 +125,6 @@ def ddp_world_worker(rank: int, world_size: int, port: int, result_dir: str) -> 
     gradients for each rank's batch (computed locally), and the fake-quant weights agree across ranks.
     Writes ``rank<N>.ok`` when all passed.
     """
-    import os
-
     # A spawned rank runs no conftest: load ModelOpt's Megatron plugin as tests/modelopt/conftest.py
     # does (ModelOpt 0.48 needs TransformerEngine for it; tests/te_harness.py).
     from te_harness import load_modelopt_megatron_plugin
@@ -141,10 +140,10 @@ def ddp_world_worker(rank: int, world_size: int, port: int, result_dir: str) -> 
 
     if not hasattr(moe_utils, "te_general_gemm"):
         moe_utils.te_general_gemm = None
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
+    from _multiprocess import init_rank
+
     with cpu_megatron(), patchkit.applied("modelopt.nvfp4_cpu_fake_quant"):
-        torch.distributed.init_process_group("gloo", rank=rank, world_size=world_size)
+        init_rank(rank, world_size, init_method)
         try:
             parallel_state.initialize_model_parallel()
             model_parallel_cuda_manual_seed(1234)

@@ -8,15 +8,11 @@ import torch
 
 import patchkit
 from patchkit.doctor import FAILED, NEEDS_GPU, VERIFIED, run
-from patchkit.selfcheck import patches_as_they_were
 
 PATCH = "modelopt.nvfp4_cpu_fake_quant"
 
 
-@pytest.fixture(autouse=True)
-def _doctor_leaves_no_patch_applied():
-    with patches_as_they_were():
-        yield
+pytestmark = pytest.mark.usefixtures("patches_restored")
 
 
 @pytest.fixture

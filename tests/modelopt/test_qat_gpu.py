@@ -7,16 +7,15 @@ Marked ``gpu``; skipped without CUDA (the two-rank test without two GPUs). Run (
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 import torch
-import torch.multiprocessing as mp
+from _multiprocess import init_rank, rendezvous, single_process_group, spawn_ranks
 from modelopt.torch.quantization.nn import TensorQuantizer
 from patchkit.patches.modelopt.qat import apply_qat, check_weight_calibration, qat_settings
-from qat_fixtures import VERL_IGNORE, batch, build_tiny_moe_gpt, free_port, wrap_ddp
+from qat_fixtures import VERL_IGNORE, batch, build_tiny_moe_gpt, wrap_ddp
 
 pytestmark = [
     pytest.mark.gpu,
@@ -24,17 +23,18 @@ pytestmark = [
 ]
 
 
-def _start(rank: int, world_size: int, port: int) -> None:
+def _start(rank: int, world_size: int, init_method: str | None) -> None:
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
     from megatron.core.transformer.moe import moe_utils
 
     if not hasattr(moe_utils, "te_general_gemm"):
         moe_utils.te_general_gemm = None
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
     torch.cuda.set_device(rank)
-    torch.distributed.init_process_group("nccl", rank=rank, world_size=world_size)
+    if init_method is None:
+        single_process_group("nccl")
+    else:
+        init_rank(rank, world_size, init_method, "nccl")
     parallel_state.initialize_model_parallel()
     model_parallel_cuda_manual_seed(1234)
 
@@ -80,7 +80,7 @@ def _qat_step_under_ddp(rank: int, world_size: int) -> None:
 
 @pytest.fixture
 def one_rank() -> Iterator[None]:
-    _start(0, 1, free_port())
+    _start(0, 1, None)
     try:
         yield
     finally:
@@ -91,8 +91,8 @@ def test_qat_forward_backward_under_ddp_with_modelopts_cuda_kernel(one_rank):
     _qat_step_under_ddp(0, 1)
 
 
-def _two_rank_worker(rank: int, world_size: int, port: int, result_dir: str) -> None:
-    _start(rank, world_size, port)
+def _two_rank_worker(rank: int, world_size: int, init_method: str, result_dir: str) -> None:
+    _start(rank, world_size, init_method)
     try:
         _qat_step_under_ddp(rank, world_size)
     finally:
@@ -102,6 +102,5 @@ def _two_rank_worker(rank: int, world_size: int, port: int, result_dir: str) -> 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
 def test_qat_forward_backward_under_ddp_on_two_gpus(tmp_path):
-    mp.start_processes(_two_rank_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True,
-                       start_method="spawn")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0.ok", "rank1.ok"]
+    spawn_ranks(_two_rank_worker, 2, (2, rendezvous(tmp_path / "rendezvous"), str(tmp_path)), timeout=600)
+    assert sorted(p.name for p in tmp_path.glob("rank*")) == ["rank0.ok", "rank1.ok"]

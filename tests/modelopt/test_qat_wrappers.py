@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.multiprocessing as mp
+from _multiprocess import rendezvous, spawn_ranks
 from modelopt.torch.quantization.nn import TensorQuantizer
 from patchkit.patches.modelopt.qat import apply_qat, qat_settings
-from qat_fixtures import VERL_IGNORE, batch, ddp_world_worker, fake_quant_weights, free_port, wrap_ddp
+from qat_fixtures import VERL_IGNORE, batch, ddp_world_worker, fake_quant_weights, wrap_ddp
 
 QKV = "decoder.layers.0.self_attention.linear_qkv"
 
@@ -106,8 +106,6 @@ def test_a_model_with_a_child_named_module_is_not_taken_for_a_wrapper(cpu_backen
 
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_ddp_world_forward_backward_after_qat(world_size, tmp_path):
-    mp.start_processes(
-        ddp_world_worker, args=(world_size, free_port(), str(tmp_path)), nprocs=world_size, join=True,
-        start_method="spawn",
-    )
-    assert sorted(p.name for p in tmp_path.iterdir()) == [f"rank{r}.ok" for r in range(world_size)]
+    spawn_ranks(ddp_world_worker, world_size, (world_size, rendezvous(tmp_path / "rendezvous"), str(tmp_path)),
+                timeout=600)
+    assert sorted(p.name for p in tmp_path.glob("rank*")) == [f"rank{r}.ok" for r in range(world_size)]

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import sys
 import textwrap
+from pathlib import Path
 from typing import Iterator
 
 import pytest
-from procs_toy import TOY_FILES, Toy
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/_multiprocess.py
+from procs_toy import TOY_FILES, Toy  # noqa: E402
 
 from patchkit.processes.autoload import ACTIVE_MARKER
 from patchkit.processes.launcher import hook_installed

@@ -41,7 +41,7 @@ def test_the_wheel_carries_the_hook_at_its_root_and_records_it(tmp_path):
     result = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                              "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    (wheel,) = tmp_path.glob("patchkit-*.whl")
+    (wheel,) = tmp_path.glob("patchkit_rl-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         assert archive.read(HOOK_NAME).decode() == setup_constants()["HOOK_LINE"]
         record = next(name for name in archive.namelist() if name.endswith(".dist-info/RECORD"))

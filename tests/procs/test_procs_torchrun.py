@@ -8,11 +8,11 @@ shell wrapper (``torchrun --no-python``) that sets ``PATCHKIT_DISABLE`` on one l
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import textwrap
 
 import pytest
+from _multiprocess import run_rank_commands
 from procs_toy import TOY_PATCHES
 
 pytest.importorskip("torch.distributed")
@@ -53,8 +53,8 @@ def torchrun(toy, tmp_path, disable_on_rank: str = "") -> dict:
                "--no-python", "sh", str(tmp_path / "rank.sh"), str(out)]
     env = toy.env(PKPROC_PYTHON=sys.executable, PKPROC_RANK_SCRIPT=str(tmp_path / "rank.py"),
                   PKPROC_DISABLE_ON_RANK=disable_on_rank, OMP_NUM_THREADS="1", **TOY_PATCHES)
-    result = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr
+    # torchrun in a session of its own, killed with its ranks if it fails or runs past the deadline.
+    run_rank_commands([command], timeout=240, env=env, cwd=tmp_path)
     return {"ranks": [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)],
             "reports": sorted(p.name for p in out.glob("report-*.json")),
             "rank0_report": json.loads((out / "report-written-by-rank0.json").read_text())}

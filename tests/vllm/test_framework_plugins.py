@@ -96,8 +96,10 @@ NOT_APPLIED = {"state": "registered", "reason": None}
 def test_the_installed_metadata_registers_patchkit_in_each_hosts_group():
     from patchkit.patches.entry_points import ENTRY_POINT_NAME, GROUPS
 
+    from patchkit._version import DISTRIBUTION_NAME
+
     for group in GROUPS.values():
-        (found,) = [ep for ep in entry_points(group=group) if ep.dist and ep.dist.name == "patchkit"]
+        (found,) = [ep for ep in entry_points(group=group) if ep.dist and ep.dist.name == DISTRIBUTION_NAME]
         assert found.name == ENTRY_POINT_NAME, group
     assert GROUPS == {"vllm": "vllm.general_plugins", "sglang": "sglang.srt.plugins", "verl": "verl.plugins"}
 

@@ -2,7 +2,7 @@
 
 ``ModelOptNvFp4W4A16LinearMethod`` (vLLM 0.21-0.29) forces the Marlin kernel, which has no CPU
 implementation. Marlin repacks weights into fresh Parameters and allocates a workspace, the case
-where keeping kernel addresses matters most. Run on an H100 with vLLM 0.24.0's kernels (README,
+where keeping kernel addresses matters most. Run on an H100 with vLLM 0.24.0's kernels (docs/verification.md,
 "What ran on a GPU"); ``test_refit_gpu.py`` adds the MoE layer and a captured CUDA graph.
 """
 

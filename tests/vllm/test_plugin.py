@@ -60,12 +60,12 @@ def test_patchkit_disable_is_honoured_in_vllm_processes() -> None:
 
 def test_loading_twice_installs_once() -> None:
     body = f"""
-    from patchkit.patches.vllm import plugin
+    from patchkit.patches import entry_points
     load_general_plugins()
-    plugin.load()
-    plugin.load()
+    entry_points.vllm()
+    entry_points.vllm()
     from vllm.model_executor.layers.quantization import modelopt
-    plugin.load()
+    entry_points.vllm()
     method = modelopt.ModelOptNvFp4FusedMoE.process_weights_after_loading  # in every variant
     depth = 0
     while hasattr(method, "__wrapped__"):

@@ -1,4 +1,4 @@
-"""The QAT export's expert layouts through vLLM's own ``Qwen3MoeForCausalLM.load_weights`` (issue 23, item 4).
+"""The QAT export's expert layouts through vLLM's own ``Qwen3MoeForCausalLM.load_weights``.
 
 What verl and NeMo-RL call: ``model.load_weights(stream)`` on vLLM's model. The export is the
 recorded ``export_qat_weights`` stream of a tiny Qwen3-MoE (``qwen3_moe_serving`` says how and why

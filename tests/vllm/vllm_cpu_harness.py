@@ -42,7 +42,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -64,12 +63,6 @@ def select_cpu_platform() -> None:
         from vllm.platforms.cpu import CpuPlatform
 
         platforms._current_platform = CpuPlatform()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 TINY_LLAMA_CONFIG = {
@@ -95,7 +88,7 @@ def vllm_cpu_config(model_dir: Path) -> Iterator[object]:
             world_size=1,
             rank=0,
             local_rank=0,
-            distributed_init_method=f"tcp://127.0.0.1:{_free_port()}",
+            distributed_init_method=single_process_group("gloo"),
             backend="gloo",
         )
         initialize_model_parallel(1, 1)
@@ -178,4 +171,9 @@ def cpu_dynamic_fp8_quant() -> Iterator[None]:
 
 
 # The NVFP4 emulation and Marlin-layout redirects are shipped (the vLLM self-checks use them): one copy.
-from patchkit.patches.vllm._checks._cpu_stand_in import cpu_fp8_quant, cpu_marlin_layout, cpu_nvfp4_kernels  # noqa: E402,F401
+from patchkit.patches.vllm._checks._cpu_stand_in import (  # noqa: E402,F401
+    cpu_fp8_quant,
+    cpu_marlin_layout,
+    cpu_nvfp4_kernels,
+    single_process_group,
+)

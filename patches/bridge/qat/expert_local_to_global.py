@@ -1,20 +1,12 @@
 """``bridge.expert_local_to_global``: Expert names map local to global under EP for SequentialMLP
 (local_experts.N) too.
-
-Declaration only (data); the code lives in ``._expert_local_to_global``.
 """
 
 from __future__ import annotations
 
 from patchkit import Patch, Variant, Wrap
 
-BRIDGE = {"megatron-bridge": "megatron.bridge"}
-MODEL_BRIDGE = "megatron.bridge.models.conversion.model_bridge"
-BLOB = "https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/v0.3.1/src/megatron/bridge/models"
-V02_V03 = {"megatron-bridge": ">=0.2.0rc0,<0.4.0rc0"}
-V040_V041 = {"megatron-bridge": ">=0.4.0rc0,<0.4.2rc0"}
-V042 = {"megatron-bridge": ">=0.4.2rc0,<0.5.0rc0"}
-V05_V06 = {"megatron-bridge": ">=0.5.0rc0,<0.7.0rc0"}
+from .._constants import BLOB, BRIDGE, MODEL_BRIDGE, V02_V03, V040_V041, V042, V05_V06
 
 PATCHES = (
     Patch(

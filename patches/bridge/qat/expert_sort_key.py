@@ -1,19 +1,12 @@
 """``bridge.expert_sort_key``: Export sort keys order experts numerically in both namings (local_experts.N and
 weightN).
-
-Declaration only (data); the code lives in ``._expert_sort_key``.
 """
 
 from __future__ import annotations
 
 from patchkit import Patch, Variant, Wrap
 
-BRIDGE = {"megatron-bridge": "megatron.bridge"}
-MODEL_BRIDGE = "megatron.bridge.models.conversion.model_bridge"
-BLOB = "https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/v0.3.1/src/megatron/bridge/models"
-V02_V03 = {"megatron-bridge": ">=0.2.0rc0,<0.4.0rc0"}
-V04 = {"megatron-bridge": ">=0.4.0rc0,<0.5.0rc0"}
-V05_V06 = {"megatron-bridge": ">=0.5.0rc0,<0.7.0rc0"}
+from .._constants import BLOB, BRIDGE, MODEL_BRIDGE, V02_V03, V04, V05_V06
 
 PATCHES = (
     Patch(

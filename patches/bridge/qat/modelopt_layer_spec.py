@@ -1,21 +1,13 @@
 """``bridge.modelopt_layer_spec``: A GPT provider with restore_modelopt_state builds ModelOpt's quantizable
 layer spec.
-
-Declaration only (data); the code lives in the implementation modules.
 """
 
 from __future__ import annotations
 
 from patchkit import Patch, Variant, Wrap
 
-BRIDGE = {"megatron-bridge": "megatron.bridge"}
-GPT_PROVIDER = "megatron.bridge.models.gpt_provider"
-BLOB = "https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/v0.3.1/src/megatron/bridge/models"
-V02 = {"megatron-bridge": ">=0.2.0rc0,<0.3.0rc0"}
-V03 = {"megatron-bridge": ">=0.3.0rc0,<0.4.0rc0"}
-V04 = {"megatron-bridge": ">=0.4.0rc0,<0.5.0rc0"}
-V05 = {"megatron-bridge": ">=0.5.0rc0,<0.6.0rc0"}
-V06 = {"megatron-bridge": ">=0.6.0rc0,<0.7.0rc0"}
+from .._constants import BLOB, BRIDGE, GPT_PROVIDER, V02, V03, V04, V05, V06
+
 #: ``provide()`` changed in 0.4, 0.5 and 0.6 (not where it reads the layer spec): one variant each,
 #: the same wrap, so each release's code is fingerprinted against its own records.
 _PROVIDE = Wrap(f"{GPT_PROVIDER}:GPTModelProvider.provide", "._modelopt_layer_spec:wrap_provide")

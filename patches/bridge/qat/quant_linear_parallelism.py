@@ -1,18 +1,12 @@
 """``bridge.quant_linear_parallelism``: AutoMapping knows the column/row parallelism of ModelOpt's Quant*
 Megatron linears.
-
-Declaration only (data); the code lives in ``._quant_linear_parallelism``.
 """
 
 from __future__ import annotations
 
 from patchkit import Call, Patch, Variant, Wrap
 
-BRIDGE = {"megatron-bridge": "megatron.bridge"}
-PARAM_MAPPING = "megatron.bridge.models.conversion.param_mapping"
-BLOB = "https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/v0.3.1/src/megatron/bridge/models"
-V02_V03 = {"megatron-bridge": ">=0.2.0rc0,<0.4.0rc0"}
-V04_V06 = {"megatron-bridge": ">=0.4.0rc0,<0.7.0rc0"}
+from .._constants import BLOB, BRIDGE, PARAM_MAPPING, V02_V03, V04_V06
 
 PATCHES = (
     Patch(

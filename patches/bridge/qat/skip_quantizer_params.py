@@ -1,18 +1,12 @@
 """``bridge.skip_quantizer_params``: ModelOpt quantizer state (*_quantizer.*) is left out of Megatron-to-HF
 weight export.
-
-Declaration only (data); the code lives in ``._skip_quantizer_params``.
 """
 
 from __future__ import annotations
 
 from patchkit import Patch, Variant, Wrap
 
-BRIDGE = {"megatron-bridge": "megatron.bridge"}
-MODEL_BRIDGE = "megatron.bridge.models.conversion.model_bridge"
-BLOB = "https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/v0.3.1/src/megatron/bridge/models"
-V02_V03 = {"megatron-bridge": ">=0.2.0rc0,<0.4.0rc0"}
-V04_V06 = {"megatron-bridge": ">=0.4.0rc0,<0.7.0rc0"}
+from .._constants import BLOB, BRIDGE, MODEL_BRIDGE, V02_V03, V04_V06
 
 PATCHES = (
     Patch(

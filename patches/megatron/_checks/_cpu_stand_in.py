@@ -46,15 +46,13 @@ own code, unchanged.
 from __future__ import annotations
 
 import contextlib
-import os
-import socket
 from collections.abc import Iterator
 from typing import Any
 from unittest import mock
 
 import torch
 
-__all__ = ["cpu_megatron", "cpu_moe", "destroy_parallel_state", "free_port", "initialize_parallel_state"]
+__all__ = ["cpu_megatron", "cpu_moe", "destroy_parallel_state", "initialize_parallel_state"]
 
 
 class _DeviceRNG:
@@ -93,12 +91,6 @@ def cpu_megatron() -> Iterator[None]:
         yield
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def initialize_parallel_state(seed: int = 1234, **model_parallel_kwargs: Any) -> None:
     """Start a gloo process group of one rank and Megatron's parallel state on top of it.
 
@@ -108,9 +100,9 @@ def initialize_parallel_state(seed: int = 1234, **model_parallel_kwargs: Any) ->
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     if not torch.distributed.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ["MASTER_PORT"] = str(free_port())
-        torch.distributed.init_process_group(backend="gloo", rank=0, world_size=1)
+        # A group of one on an in-memory store: no port to pick first and lose to another process.
+        torch.distributed.init_process_group(backend="gloo", store=torch.distributed.HashStore(), rank=0,
+                                             world_size=1)
     parallel_state.initialize_model_parallel(**model_parallel_kwargs)
     model_parallel_cuda_manual_seed(seed)
 

@@ -4,7 +4,7 @@ driving a tiny model's routers through ``patchkit.patches.megatron.router_replay
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -33,14 +33,9 @@ def megatron_on(device: str) -> Iterator[None]:
 
 
 def start_nccl_group() -> None:
-    import os
-
-    from ._cpu_stand_in import free_port
-
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(free_port())
     torch.cuda.set_device(0)
-    torch.distributed.init_process_group(backend="nccl", rank=0, world_size=1)
+    # A group of one on an in-memory store: no port to pick first and lose to another process.
+    torch.distributed.init_process_group(backend="nccl", store=torch.distributed.HashStore(), rank=0, world_size=1)
 
 
 def forward(model: Any, batch: Any, labels: bool = True) -> torch.Tensor:
@@ -95,3 +90,21 @@ def drive(model_routers: list[Any], action: str | None, targets: list[torch.Tens
             router.clear_router_replay_action()
         else:
             router.set_router_replay_action(upstream(action))
+
+
+@contextlib.contextmanager
+def replaying(device: str, target_for: Callable[[int], torch.Tensor]) -> Iterator[tuple[Any, Any]]:
+    """A tiny MoE GPT on ``device`` and one causal batch, every router replaying ``target_for(tokens)``
+    in forward (no grad); yields ``(model, batch)``, and clears the routers' replay on exit."""
+    from ._tiny_moe import build_tiny_moe, causal_batch
+
+    batch = causal_batch().to(device)
+    with moe_replay(device), torch.no_grad():
+        model = build_tiny_moe().to(device)
+        model_routers = replay_routers(model)
+        target = target_for(batch.input_ids.numel()).to(device)
+        drive(model_routers, "replay_forward", [target] * len(model_routers))
+        try:
+            yield model, batch
+        finally:
+            drive(model_routers, None)

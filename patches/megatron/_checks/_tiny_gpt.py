@@ -14,6 +14,16 @@ import torch
 VOCAB_SIZE = 128
 SEQ_LEN = 16
 BATCH_SIZE = 2
+#: The transformer every tiny model of the checks is built from: two small layers, deterministic on CPU.
+TINY_TRANSFORMER: dict[str, Any] = dict(
+    num_layers=2,
+    hidden_size=64,
+    num_attention_heads=4,
+    use_cpu_initialization=True,
+    hidden_dropout=0.0,
+    attention_dropout=0.0,
+    params_dtype=torch.float32,
+)
 
 
 @dataclass(frozen=True)
@@ -63,13 +73,7 @@ def build_tiny_gpt(mtp_num_layers: int | None = 1, seed: int = 0, **config_overr
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     config_kwargs: dict[str, Any] = dict(
-        num_layers=2,
-        hidden_size=64,
-        num_attention_heads=4,
-        use_cpu_initialization=True,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-        params_dtype=torch.float32,
+        TINY_TRANSFORMER,
         mtp_num_layers=mtp_num_layers,
         # 0.14/0.15 default this to None; 0.16+ to 0.1. Pin it so every version scales alike.
         mtp_loss_scaling_factor=0.1,

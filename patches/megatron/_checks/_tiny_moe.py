@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from .. import router_replay as replay
+from ._tiny_gpt import TINY_TRANSFORMER
 
 VOCAB_SIZE = 128
 NUM_EXPERTS = 8
@@ -37,14 +38,8 @@ def build_tiny_moe(
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     kwargs: dict[str, Any] = dict(
-        num_layers=2,
-        hidden_size=64,
+        TINY_TRANSFORMER,
         ffn_hidden_size=32,
-        num_attention_heads=4,
-        use_cpu_initialization=True,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-        params_dtype=torch.float32,
         add_bias_linear=False,
         num_moe_experts=NUM_EXPERTS,
         moe_router_topk=TOPK,

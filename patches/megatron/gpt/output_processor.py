@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from patchkit import Patch, Variant, Wrap
 
-_GPT_MODEL = "megatron.core.models.gpt.gpt_model"
+from .._constants import GPT_MODEL, MEGATRON_CORE
 
 PATCHES = (
     Patch(
@@ -29,12 +29,12 @@ PATCHES = (
         ),
         upstream="https://github.com/NVIDIA/Megatron-LM/blob/core_v0.18.0/megatron/core/models/gpt/gpt_model.py",
         removal="Remove with support for megatron-core < 0.18 (native from 0.18).",
-        version_modules={"megatron-core": "megatron.core"},
+        version_modules=MEGATRON_CORE,
         variants=(
             Variant(
                 label="forward-keywords",
                 requires={"megatron-core": ">=0.14,<0.18"},
-                installs=(Wrap(f"{_GPT_MODEL}:GPTModel.forward", "._output_processor:wrap_forward"),),
+                installs=(Wrap(f"{GPT_MODEL}:GPTModel.forward", "._output_processor:wrap_forward"),),
             ),
             Variant(
                 label="native-0.18",

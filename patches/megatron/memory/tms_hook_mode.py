@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from patchkit import Patch, Variant, Wrap
 
+from .._constants import MEGATRON_CORE
+
 _HOOK_MODE = "torch_memory_saver.entrypoint:TorchMemorySaver.hook_mode"
 
 PATCHES = (
@@ -35,7 +37,7 @@ PATCHES = (
             "megatron/core/inference/contexts/dynamic_context.py"
         ),
         removal="Remove once megatron-core stops setting the hook mode at import (still on main d98e8a6).",
-        version_modules={"megatron-core": "megatron.core"},
+        version_modules=MEGATRON_CORE,
         variants=(
             Variant(
                 label="native-before-0.16",

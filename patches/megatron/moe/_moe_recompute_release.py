@@ -15,29 +15,25 @@ from collections.abc import Callable
 from typing import Any
 
 
-def wrap_alltoall_combine_postprocess(original: Callable[..., Any]) -> Callable[..., Any]:
-    """``MoEAlltoAllTokenDispatcher.combine_postprocess`` that drops ``self.probs`` after combining."""
-
+def _dropping_after_combine(original: Callable[..., Any], attribute: str) -> Callable[..., Any]:
     @functools.wraps(original)
-    def combine_postprocess(self: Any, permutated_local_input_tokens: Any) -> Any:
-        output = original(self, permutated_local_input_tokens)
+    def combine_postprocess(self: Any, *args: Any, **kwargs: Any) -> Any:
+        output = original(self, *args, **kwargs)
         # Combined: the probs were read for their dtype only. Keeping them would keep a
         # recomputed forward's graph (its checkpointed input and gradient) alive until the
         # next forward sets them again.
-        self.probs = None
+        setattr(self, attribute, None)
         return output
 
     return combine_postprocess
+
+
+def wrap_alltoall_combine_postprocess(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``MoEAlltoAllTokenDispatcher.combine_postprocess`` that drops ``self.probs`` after combining."""
+    return _dropping_after_combine(original, "probs")
 
 
 def wrap_allgather_combine_postprocess(original: Callable[..., Any]) -> Callable[..., Any]:
-    """``MoEAllGatherTokenDispatcher.combine_postprocess`` that drops ``self.local_probs`` after combining."""
-
-    @functools.wraps(original)
-    def combine_postprocess(self: Any, hidden_states: Any) -> Any:
-        output = original(self, hidden_states)
-        # As the all-to-all dispatcher's probs: read by token_combine for their dtype only.
-        self.local_probs = None
-        return output
-
-    return combine_postprocess
+    """``MoEAllGatherTokenDispatcher.combine_postprocess`` that drops ``self.local_probs`` after combining
+    (read by ``token_combine`` for their dtype only, as the all-to-all dispatcher's probs)."""
+    return _dropping_after_combine(original, "local_probs")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from patchkit import Patch, Variant, Wrap
 
-_DISPATCHER = "megatron.core.transformer.moe.token_dispatcher"
+from .._constants import MEGATRON_CORE, TOKEN_DISPATCHER
 
 PATCHES = (
     Patch(
@@ -37,15 +37,15 @@ PATCHES = (
             "Remove once megatron-core releases the dispatchers' probs after combine: not on main "
             "d98e8a6 (#5197 there only deletes unpermute's locals; #3267 and #5227 are open)."
         ),
-        version_modules={"megatron-core": "megatron.core"},
+        version_modules=MEGATRON_CORE,
         variants=(
             Variant(
                 label="release-after-combine",
                 requires={"megatron-core": ">=0.14,<0.20"},
                 installs=(
-                    Wrap(f"{_DISPATCHER}:MoEAlltoAllTokenDispatcher.combine_postprocess",
+                    Wrap(f"{TOKEN_DISPATCHER}:MoEAlltoAllTokenDispatcher.combine_postprocess",
                          "._moe_recompute_release:wrap_alltoall_combine_postprocess"),
-                    Wrap(f"{_DISPATCHER}:MoEAllGatherTokenDispatcher.combine_postprocess",
+                    Wrap(f"{TOKEN_DISPATCHER}:MoEAllGatherTokenDispatcher.combine_postprocess",
                          "._moe_recompute_release:wrap_allgather_combine_postprocess"),
                 ),
             ),

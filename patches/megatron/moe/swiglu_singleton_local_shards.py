@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from patchkit import Patch, Variant
 
+from .._constants import MEGATRON_CORE
+
 PATCHES = (
     Patch(
         id="megatron.swiglu_singleton_local_shards",
@@ -21,7 +23,7 @@ PATCHES = (
         why="ModelOpt's quantized SequentialMLP shards swiglu fc1 with singleton_local_shards; core < 0.14 lacks it.",
         upstream="https://github.com/NVIDIA/Megatron-LM/blob/core_r0.14.0/megatron/core/transformer/mlp.py",
         removal="Remove once megatron-core < 0.14 is out of support (already native in every supported range).",
-        version_modules={"megatron-core": "megatron.core"},
+        version_modules=MEGATRON_CORE,
         variants=(
             Variant(
                 requires={"megatron-core": ">=0.14.0rc0"},

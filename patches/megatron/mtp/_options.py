@@ -65,22 +65,20 @@ class MTPOptions(NamedTuple):
         return self.without_labels == "derive"
 
 
-def check_output_head(value: str, source: str) -> str:
-    if value not in OUTPUT_HEAD_CHOICES:
-        raise MTPOptionError(
-            f"{source}: output_head must be one of {', '.join(OUTPUT_HEAD_CHOICES)}; got {value!r}. "
-            "'detached' keeps the MTP loss off the shared output layer (default), 'trained' is upstream's."
-        )
+def _check_choice(option: str, choices: tuple[str, ...], meaning: str, value: str, source: str) -> str:
+    if value not in choices:
+        raise MTPOptionError(f"{source}: {option} must be one of {', '.join(choices)}; got {value!r}. {meaning}")
     return value
+
+
+def check_output_head(value: str, source: str) -> str:
+    return _check_choice("output_head", OUTPUT_HEAD_CHOICES, "'detached' keeps the MTP loss off the shared output "
+                         "layer (default), 'trained' is upstream's.", value, source)
 
 
 def check_without_labels(value: str, source: str) -> str:
-    if value not in WITHOUT_LABELS_CHOICES:
-        raise MTPOptionError(
-            f"{source}: without_labels must be one of {', '.join(WITHOUT_LABELS_CHOICES)}; got {value!r}. "
-            "'skip' runs no MTP without labels (default), 'derive' is megatron-core 0.19's (labels from input_ids)."
-        )
-    return value
+    return _check_choice("without_labels", WITHOUT_LABELS_CHOICES, "'skip' runs no MTP without labels (default), "
+                         "'derive' is megatron-core 0.19's (labels from input_ids).", value, source)
 
 
 _default: MTPOptions | None = None

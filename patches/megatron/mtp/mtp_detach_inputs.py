@@ -1,17 +1,15 @@
 """``megatron.mtp_detach_inputs``: Detach the MTP block's inputs from the main model (every depth's token
 embeddings, the first depth's hidden states) so the MTP loss sends no gradient into the embedding and decoder;
 later depths still train earlier MTP layers, as 0.19's mtp_detach_heads does.
-
-Declaration only (data); the code lives in ``._mtp_detach_inputs``.
 """
 
 from __future__ import annotations
 
 from patchkit import Patch, Variant, Wrap
 
-_MTP = "megatron.core.transformer.multi_token_prediction"
-_GET_EMBEDDINGS = f"{_MTP}:MultiTokenPredictionLayer._get_embeddings"
-_VERSION_MODULES = {"megatron-core": "megatron.core"}
+from .._constants import MEGATRON_CORE, MTP
+
+_GET_EMBEDDINGS = f"{MTP}:MultiTokenPredictionLayer._get_embeddings"
 
 PATCHES = (
     Patch(
@@ -31,7 +29,7 @@ PATCHES = (
         upstream="https://github.com/NVIDIA/Megatron-LM/blob/core_r0.19.0/megatron/core/transformer/multi_token_prediction.py",
         removal="Remove when callers can use upstream's mtp_detach_heads (0.19+) and accept its semantics.",
         opt_in=True,
-        version_modules=_VERSION_MODULES,
+        version_modules=MEGATRON_CORE,
         variants=(
             Variant(
                 label="detach-in-get-embeddings",

@@ -1,16 +1,14 @@
 """``megatron.mtp_postprocess``: GPTModel forward with labels and MTP returns main-head logits [b, s, v];
 every MTP depth's loss is still attached through MTPLossAutoScaler, so MTP layers train.
-
-Declaration only (data); the code lives in ``._mtp_postprocess``.
 """
 
 from __future__ import annotations
 
 from patchkit import Patch, Variant, Wrap
 
-_GPT_MODEL = "megatron.core.models.gpt.gpt_model"
-_POSTPROCESS = f"{_GPT_MODEL}:GPTModel._postprocess"
-_VERSION_MODULES = {"megatron-core": "megatron.core"}
+from .._constants import GPT_MODEL, MEGATRON_CORE
+
+_POSTPROCESS = f"{GPT_MODEL}:GPTModel._postprocess"
 
 PATCHES = (
     Patch(
@@ -39,7 +37,7 @@ PATCHES = (
         # Opt-in: it changes what forward(labels=...) returns, which a pre-training job sharing the
         # process-wide apply_all() must not get by surprise.
         opt_in=True,
-        version_modules=_VERSION_MODULES,
+        version_modules=MEGATRON_CORE,
         variants=(
             Variant(
                 label="inline-mtp-loss",

@@ -1,16 +1,14 @@
 """``megatron.mtp_recompute``: MultiTokenPredictionLayer's recomputed forward takes non-tensor arguments
 (packed_seq_params, ...) by closure (0.14-0.17) and padding_mask (0.18), as upstream 0.19 does.
-
-Declaration only (data); the code lives in ``._mtp_recompute``.
 """
 
 from __future__ import annotations
 
 from patchkit import Patch, Variant, Wrap
 
-_MTP = "megatron.core.transformer.multi_token_prediction"
-_CHECKPOINTED_FORWARD = f"{_MTP}:MultiTokenPredictionLayer._checkpointed_forward"
-_VERSION_MODULES = {"megatron-core": "megatron.core"}
+from .._constants import MEGATRON_CORE, MTP
+
+_CHECKPOINTED_FORWARD = f"{MTP}:MultiTokenPredictionLayer._checkpointed_forward"
 
 PATCHES = (
     Patch(
@@ -30,7 +28,7 @@ PATCHES = (
         ),
         upstream="https://github.com/NVIDIA/Megatron-LM/blob/core_r0.18.0/megatron/core/transformer/multi_token_prediction.py",
         removal="Remove with support for megatron-core < 0.19 (0.19's method does both).",
-        version_modules=_VERSION_MODULES,
+        version_modules=MEGATRON_CORE,
         variants=(
             Variant(
                 label="closure-non-tensor-args",

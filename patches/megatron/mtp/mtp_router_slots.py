@@ -1,15 +1,12 @@
-"""MoE routers inside multi-token-prediction layers: their own layer slots, after the decoder's.
-
-Declarations only (data); the code lives in ``._mtp_router_slots``.
-"""
+"""MoE routers inside multi-token-prediction layers: their own layer slots, after the decoder's."""
 
 from __future__ import annotations
 
 from patchkit import Patch, Variant, Wrap
 
-_MTP = "megatron.core.transformer.multi_token_prediction"
+from .._constants import MEGATRON_CORE, MTP, ROUTER
+
 _MOE_UTILS = "megatron.core.transformer.moe.moe_utils"
-_ROUTER = "megatron.core.transformer.moe.router"
 _TRACK_MOE_METRICS = Wrap(f"{_MOE_UTILS}:track_moe_metrics", "._mtp_router_slots.v014:wrap_track_moe_metrics")
 
 PATCHES = (
@@ -40,13 +37,13 @@ PATCHES = (
             "upstream numbers an MTP router's replay state apart from the decoder's (not in 0.19.2 "
             "nor main d98e8a6; Megatron-LM #7404 is open)."
         ),
-        version_modules={"megatron-core": "megatron.core"},
+        version_modules=MEGATRON_CORE,
         variants=(
             Variant(
                 label="number-after-decoder",
                 requires={"megatron-core": ">=0.14,<0.16"},
                 installs=(
-                    Wrap(f"{_MTP}:MultiTokenPredictionLayer.__init__", "._mtp_router_slots.v014:wrap_mtp_layer_init"),
+                    Wrap(f"{MTP}:MultiTokenPredictionLayer.__init__", "._mtp_router_slots.v014:wrap_mtp_layer_init"),
                     _TRACK_MOE_METRICS,
                 ),
             ),
@@ -67,7 +64,7 @@ PATCHES = (
             Variant(
                 label="replay-layer-number",
                 requires={"megatron-core": ">=0.19,<0.20"},
-                installs=(Wrap(f"{_ROUTER}:Router.set_layer_number", "._mtp_router_slots.v019:wrap_set_layer_number"),),
+                installs=(Wrap(f"{ROUTER}:Router.set_layer_number", "._mtp_router_slots.v019:wrap_set_layer_number"),),
             ),
         ),
     ),

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from patchkit import Patch, Variant
 
+from .._constants import MEGATRON_CORE
+
 PATCHES = (
     Patch(
         id="megatron.tp_group_if_none_helper",
@@ -25,7 +27,7 @@ PATCHES = (
             "Nothing to remove in patchkit (native). Upstream marks the helper 'remove this function "
             "later': re-check on each new release, the check fails if it goes."
         ),
-        version_modules={"megatron-core": "megatron.core"},
+        version_modules=MEGATRON_CORE,
         variants=(
             Variant(
                 label="native-0.13",

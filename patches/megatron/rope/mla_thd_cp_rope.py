@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from patchkit import Patch, Variant, Wrap
 
+from .._constants import MEGATRON_CORE
+
 _MLA = "megatron.core.transformer.multi_latent_attention"
 
 PATCHES = (
@@ -41,7 +43,7 @@ PATCHES = (
             "Remove once MLA decides the table length from the CP group it applies RoPE with "
             "(pg_collection.cp.size()): unchanged in 0.14.0-0.19.2 and on Megatron-LM main d98e8a6."
         ),
-        version_modules={"megatron-core": "megatron.core"},
+        version_modules=MEGATRON_CORE,
         variants=(
             Variant(
                 label="full-table-for-cp-group",

@@ -1,14 +1,12 @@
 """``megatron.moe_alltoall_replay_token_count``: All-to-all dispatcher counts the tokens the routing map holds
 while a router replays.
-
-Declaration only (data); the code lives in ``._moe_alltoall_replay_token_count``.
 """
 
 from __future__ import annotations
 
 from patchkit import Patch, Variant, Wrap
 
-DISPATCHER = "megatron.core.transformer.moe.token_dispatcher"
+from .._constants import MEGATRON_CORE, TOKEN_DISPATCHER
 
 PATCHES = (
     Patch(
@@ -25,13 +23,13 @@ PATCHES = (
             "megatron/core/transformer/moe/token_dispatcher.py"
         ),
         removal="Remove once upstream derives num_out_tokens from the routing map under replay.",
-        version_modules={"megatron-core": "megatron.core"},
+        version_modules=MEGATRON_CORE,
         variants=(
             Variant(
                 requires={"megatron-core": ">=0.14,<0.20"},
                 installs=(
                     Wrap(
-                        f"{DISPATCHER}:MoEAlltoAllTokenDispatcher.preprocess",
+                        f"{TOKEN_DISPATCHER}:MoEAlltoAllTokenDispatcher.preprocess",
                         "._moe_alltoall_replay_token_count:wrap_preprocess",
                     ),
                 ),

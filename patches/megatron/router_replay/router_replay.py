@@ -1,14 +1,12 @@
 """``megatron.router_replay``: Record / replay-forward / replay-backward of each MoE layer's top-k expert
 indices.
-
-Declaration only (data); the code lives in ``._router_replay``.
 """
 
 from __future__ import annotations
 
 from patchkit import Add, Patch, Variant, Wrap
 
-ROUTER = "megatron.core.transformer.moe.router"
+from .._constants import MEGATRON_CORE, ROUTER
 
 PATCHES = (
     Patch(
@@ -25,7 +23,7 @@ PATCHES = (
             "megatron/core/transformer/moe/router_replay.py"
         ),
         removal="Remove the 0.14/0.15 variant when megatron-core < 0.16 is no longer supported.",
-        version_modules={"megatron-core": "megatron.core"},
+        version_modules=MEGATRON_CORE,
         variants=(
             Variant(
                 requires={"megatron-core": ">=0.14,<0.16"},

@@ -1,14 +1,12 @@
 """``megatron.router_replay_validation``: Replayed indices that do not fit the router's tokens raise a typed
 error naming both counts.
-
-Declaration only (data); the code lives in ``._router_replay_validation``.
 """
 
 from __future__ import annotations
 
 from patchkit import Patch, Variant, Wrap
 
-ROUTER = "megatron.core.transformer.moe.router"
+from .._constants import MEGATRON_CORE, ROUTER
 
 PATCHES = (
     Patch(
@@ -25,7 +23,7 @@ PATCHES = (
             "megatron/core/transformer/moe/router_replay.py"
         ),
         removal="Remove once upstream checks the replayed tensor's shape (not as of 0.19.2).",
-        version_modules={"megatron-core": "megatron.core"},
+        version_modules=MEGATRON_CORE,
         variants=(
             # On 0.14/0.15 the name is the backport that megatron.router_replay adds to the module.
             Variant(

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from patchkit import Add, Patch, Variant, Wrap
 
+from .._constants import MEGATRON_CORE
+
 _CONFIG = "megatron.core.transformer.transformer_config"
 _ALIAS = f"{_CONFIG}:TransformerConfig.enable_routing_replay"
-_VERSION_MODULES = {"megatron-core": "megatron.core"}
 
 PATCHES = (
     Patch(
@@ -34,7 +35,7 @@ PATCHES = (
             "megatron/core/transformer/transformer_config.py"
         ),
         removal="Remove when the frameworks pass moe_enable_routing_replay (upstream keeps only that name).",
-        version_modules=_VERSION_MODULES,
+        version_modules=MEGATRON_CORE,
         variants=(
             Variant(
                 label="attribute-after-init",

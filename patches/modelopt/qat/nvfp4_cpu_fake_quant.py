@@ -1,7 +1,5 @@
 """``modelopt.nvfp4_cpu_fake_quant``: Pure-torch NVFP4 fake-quant backend so ModelOpt QAT runs without CUDA
 (CPU CI).
-
-Declaration only (data); the code lives in ``._nvfp4_cpu_fake_quant``.
 """
 
 from __future__ import annotations

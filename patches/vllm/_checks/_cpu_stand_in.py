@@ -26,15 +26,19 @@ model-parallel state of world size 1) unless the process already has it, and tea
 from __future__ import annotations
 
 import contextlib
-import socket
 from collections.abc import Iterator
 from typing import Any
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def single_process_group(backend: str) -> str:
+    """torch.distributed's group of one on an in-memory store, started here unless the process has one;
+    the init method for vLLM, which then uses that group. No port is picked first (and lost to another
+    process before it is bound)."""
+    import torch
+
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group(backend, store=torch.distributed.HashStore(), rank=0, world_size=1)
+    return "env://"
 
 
 @contextlib.contextmanager
@@ -50,7 +54,7 @@ def vllm_config(backend: str = "gloo") -> Iterator[object]:
     config = VllmConfig()
     with set_current_vllm_config(config):
         init_distributed_environment(world_size=1, rank=0, local_rank=0,
-                                     distributed_init_method=f"tcp://127.0.0.1:{free_port()}", backend=backend)
+                                     distributed_init_method=single_process_group(backend), backend=backend)
         initialize_model_parallel(1, 1)
         yield config
 

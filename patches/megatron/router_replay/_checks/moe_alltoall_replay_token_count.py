@@ -8,28 +8,24 @@ import torch
 
 from patchkit.selfcheck import CheckContext, SelfCheckFailed, expect
 
-from ..._checks._harness import drive, moe_replay, replay_routers
+from ..._checks._harness import replaying
 
 
 def check_moe_alltoall_replay_token_count(context: CheckContext) -> None:
     """Replayed indices naming one expert twice: the all-to-all dispatcher counts the rows really routed."""
-    from ..._checks._tiny_moe import TOPK, build_tiny_moe, causal_batch, dispatchers, forward_loss
+    from ..._checks._tiny_moe import TOPK, dispatchers, forward_loss
 
-    batch = causal_batch().to(context.device)
-    tokens = batch.input_ids.numel()
-    with moe_replay(context.device), torch.no_grad():
-        model = build_tiny_moe().to(context.device)
-        model_routers = replay_routers(model)
-        duplicate = torch.zeros(tokens, TOPK, dtype=torch.long, device=context.device)  # expert 0, topk times
-        drive(model_routers, "replay_forward", [duplicate] * len(model_routers))
+    def expert_0_topk_times(tokens: int) -> torch.Tensor:
+        return torch.zeros(tokens, TOPK, dtype=torch.long)
+
+    with replaying(context.device, expert_0_topk_times) as (model, batch):
+        tokens = batch.input_ids.numel()
         try:
             loss = forward_loss(model, batch)
         except RuntimeError as exc:
             raise SelfCheckFailed("a replay that repeats an expert passes through the all-to-all dispatcher",
                                   f"a forward routing {tokens} rows per layer",
                                   f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}") from exc
-        finally:
-            drive(model_routers, None)
         counts = [int(d.num_out_tokens) for d in dispatchers(model)]
         expect(counts == [tokens] * len(counts), "the all-to-all dispatcher's num_out_tokens under a replay "
                "that repeats an expert is the rows the routing map holds", [tokens] * len(counts), counts)

@@ -8,24 +8,22 @@ import torch
 
 from patchkit.selfcheck import CheckContext, SelfCheckFailed, expect
 
-from ..._checks._harness import drive, moe_replay, replay_routers
+from ..._checks._harness import replaying
 
 
 def check_router_replay_validation(context: CheckContext) -> None:
     """A replay target with the wrong token count raises ``ReplayIndexMismatchError`` naming both counts."""
-    from ..._checks._tiny_moe import TOPK, build_tiny_moe, causal_batch, forward_loss
+    from ..._checks._tiny_moe import TOPK, forward_loss
     from .. import ReplayIndexMismatchError
 
-    batch = causal_batch().to(context.device)
-    tokens = batch.input_ids.numel()
-    with moe_replay(context.device), torch.no_grad():
-        model = build_tiny_moe().to(context.device)
-        model_routers = replay_routers(model)
-        # Padded for another layout: 16 rows too many (what a target packed with FP8 padding
-        # for an unpadded input looks like).
+    def sixteen_rows_too_many(tokens: int) -> torch.Tensor:
+        # What a target packed with FP8 padding for an unpadded input looks like.
         wrong = torch.zeros(tokens + 16, TOPK, dtype=torch.long)
         wrong[:, 1] = 1
-        drive(model_routers, "replay_forward", [wrong.to(context.device)] * len(model_routers))
+        return wrong
+
+    with replaying(context.device, sixteen_rows_too_many) as (model, batch):
+        tokens = batch.input_ids.numel()
         try:
             forward_loss(model, batch)
         except ReplayIndexMismatchError as exc:
@@ -38,5 +36,4 @@ def check_router_replay_validation(context: CheckContext) -> None:
         else:
             raise SelfCheckFailed("a replay target with the wrong token count raises", "ReplayIndexMismatchError",
                                   "no error: the forward ran")
-        finally:
-            drive(model_routers, None)
+

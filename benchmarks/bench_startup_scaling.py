@@ -1,0 +1,122 @@
+"""Start-up against the size of the catalogue: the shipped one, then the same plus 100 declarations.
+
+The 100 declarations are generated into a temporary catalogue package (an upstream folder of 100
+declaration modules and its index, written by the same generator as the shipped index), each a
+patch of an upstream that is installed but not imported (default: megatron-core), waiting for a
+module of its own. Each fresh interpreter times, in process, what ``apply_all()`` costs at start-up
+with the catalogue read from its index: reading the index(es), building the engine, deciding every
+patch. Both sides alternate process by process in one run (so machine load hits both alike); the
+figure is the difference of medians (CPU time of the process, far less disturbed by other work on a
+shared machine than wall time, which is printed beside it). Goal: at most +1 ms for the 100.
+
+    python benchmarks/bench_startup_scaling.py [--runs 31] [--count 100] [--dist megatron-core --module megatron.core]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+PACKAGE = "pk_bench_scaling_catalogue"
+DECLARATION = '''
+from patchkit import Patch, Variant, Wrap
+
+PATCHES = (
+    Patch(
+        id="bench.patch_{n:03d}",
+        summary="A generated patch {n} for the start-up scaling benchmark.",
+        why="It waits for a module of its own, as a real patch waits for its upstream's code.",
+        upstream="https://example.invalid/upstream/{n}",
+        removal="Never: it exists only in a temporary catalogue.",
+        version_modules={{{dist!r}: {module!r}}},
+        variants=(
+            Variant(requires={{{dist!r}: ">=0.1,<0.18"}}, installs=(Wrap("{module}.bench_{n:03d}:forward", "._impl:wrap"),)),
+            Variant(requires={{{dist!r}: ">=0.18"}}, installs=(Wrap("{module}.bench_{n:03d}:forward", "._impl:wrap"),)),
+        ),
+    ),
+)
+'''
+TIMED = """
+import sys, time
+sys.path.insert(0, {root!r})
+import patchkit
+from patchkit.runtime import catalogue
+from patchkit.runtime.engine import Engine
+packages = {packages!r}
+cpu, wall = time.process_time(), time.perf_counter()
+patches, errors = [], []
+for package in packages:
+    found, failed = catalogue.load(package)
+    patches += found
+    errors += failed
+statuses = Engine(patches, errors).apply_all()
+cpu, wall = (time.process_time() - cpu) * 1000, (time.perf_counter() - wall) * 1000
+leaked = [m for m in sys.modules if m.startswith({package!r} + ".extra.")]
+assert not leaked, leaked
+print(f"{{cpu:.3f}} {{wall:.3f}} {{len(statuses)}} {{sum(s.state.value == 'pending' for s in statuses)}}")
+"""
+# Cached bytecode, as users have it (some shells export PYTHONDONTWRITEBYTECODE).
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
+def make_catalogue(root: Path, count: int, dist: str, module: str) -> None:
+    """A catalogue package of ``count`` declarations in upstream folder ``extra``, and its index."""
+    upstream = root / PACKAGE / "extra"
+    upstream.mkdir(parents=True)
+    (root / PACKAGE / "__init__.py").write_text("")
+    (upstream / "__init__.py").write_text("")
+    (upstream / "_impl.py").write_text("def wrap(original):\n    return original\n")
+    for n in range(count):
+        (upstream / f"patch_{n:03d}.py").write_text(DECLARATION.format(n=n, dist=dist, module=module))
+    code = f"import sys; sys.path.insert(0, {str(root)!r}); from patchkit.matrix import catalogue_index; " \
+           f"catalogue_index.write({PACKAGE!r})"
+    subprocess.run([sys.executable, "-c", code], check=True, env=ENV)
+
+
+def run(root: Path, packages: list[str]) -> tuple[float, float, int, int]:
+    code = TIMED.format(root=str(root), packages=packages, package=PACKAGE)
+    out = subprocess.run([sys.executable, "-c", code], check=True, env=ENV, capture_output=True, text=True).stdout
+    cpu, wall, total, pending = out.split()
+    return float(cpu), float(wall), int(total), int(pending)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=31)
+    parser.add_argument("--count", type=int, default=100)
+    parser.add_argument("--dist", default="megatron-core", help="an installed distribution (default: %(default)s)")
+    parser.add_argument("--module", default="megatron.core", help="its import package (default: %(default)s)")
+    args = parser.parse_args()
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        version(args.dist)
+    except PackageNotFoundError:
+        sys.exit(f"{args.dist} is not installed here: the generated patches must be of an installed upstream")
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        make_catalogue(root, args.count, args.dist, args.module)
+        real, plus = ["patchkit.patches"], ["patchkit.patches", PACKAGE]
+        run(root, plus)  # compile the bytecode once
+        alone, more = [], []
+        for _ in range(args.runs):
+            alone.append(run(root, real))
+            more.append(run(root, plus))
+    assert more[0][3] - alone[0][3] == args.count, "every generated patch should wait for its module"
+    for label, i in (("cpu", 0), ("wall", 1)):
+        a, m = [r[i] for r in alone], [r[i] for r in more]
+        sys.stdout.write(
+            f"catalogue read from its index + Engine + apply_all(), {label}, {args.runs} alternated processes: "
+            f"shipped catalogue ({alone[0][2]} patches) median {statistics.median(a):.2f} ms (min {min(a):.2f}); "
+            f"plus {args.count} declarations of {args.dist} (installed, not imported) median "
+            f"{statistics.median(m):.2f} ms (min {min(m):.2f}); added {statistics.median(m) - statistics.median(a):+.2f} "
+            f"ms (min to min {min(m) - min(a):+.2f}){' (goal: at most +1 ms)' if label == 'cpu' else ''}\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,21 @@
+"""Fixtures the tests of every upstream share."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from patchkit.selfcheck import patches_as_they_were
+
+
+@pytest.fixture
+def patches_restored() -> Iterator[None]:
+    """Revert on exit every patch the test installed, or ``patchkit doctor`` installed for it.
+
+    The doctor applies what applies in its process (it is a diagnostic process); a test that runs it
+    here would otherwise leave patches installed for the tests after it. A module opts in with
+    ``pytestmark = pytest.mark.usefixtures("patches_restored")``.
+    """
+    with patches_as_they_were():
+        yield
