@@ -1,12 +1,21 @@
 """NVFP4 export throughput of bf16 weights against a plain copy of the same tensors, and its peak memory.
 
 Workload (defaults): the linear weights of a few transformer layers (hidden 4096, SwiGLU 14336,
-GQA 8 of 32 heads: qkv, proj, fc1, fc2 per layer), bf16, on one device. Both sides read every
-weight once: the copy side ``clone()``s it; the export side runs patchkit's quantize-and-pack
-(``_nvfp4_pack.quantize_nvfp4``: block amax, FP8 block scales, E2M1 codes, two per byte), what
-``export_qat_weights`` does per quantized linear. Throughput is bf16 bytes read per second; the
-ratio ``export / copy`` is the figure (goal on a GPU: >= 0.5). On CUDA both backends are timed in
-the same run: the fused Triton kernel (what ``export_qat_weights`` uses there) and the torch ops.
+GQA 8 of 32 heads: qkv, proj, fc1, fc2 per layer), bf16, on one device; ``--experts N`` replaces the
+dense MLP by N experts of ``--expert-ffn`` (each expert's fc1 and fc2 exported as its own tensor, as
+the export streams them). Both sides read every weight once: the copy side ``clone()``s it; the
+export side runs patchkit's quantize-and-pack (``_nvfp4_pack.quantize_nvfp4``: block amax, FP8 block
+scales, E2M1 codes, two per byte) with the quantizer's calibrated amax, what ``export_qat_weights``
+does per quantized linear. On CUDA both backends are timed in the same run: the fused Triton kernel
+(what ``export_qat_weights`` uses there) and the torch ops (``--skip-torch`` leaves those out).
+
+Throughput is bf16 bytes read per second; the figure is the ratio ``export / copy`` (goal on a GPU:
+>= 0.8). The bound: a copy moves 4 bytes per weight (2 read, 2 written); the export reads 2 and
+writes 0.5625 (E2M1 codes and E4M3 block scales), so at the copy's bandwidth it can reach
+4 / 2.5625 = 1.56x. It needs no pass of its own for the per-tensor amax, because the quantizer holds
+it (ModelOpt's own export reads ``_amax`` too); an export that had to compute it would read the
+weights once more and be bound at 4 / 4.5625 = 0.88x. On CUDA the time is taken with CUDA events
+around the whole loop (launch gaps included), median of ``--repeat`` after a warm-up.
 
 Peak extra memory: on CUDA, ``max_memory_allocated`` above what the weights hold, while one layer
 is exported; on CPU, the growth of the process's peak RSS over the same step (coarse: it includes
@@ -14,6 +23,7 @@ allocator slack, and reads 0 once an earlier step set a higher peak: use the CUD
 reported against the largest weight (goal: <= 2x). Run::
 
     python benchmarks/bench_export.py [--device cpu|cuda] [--layers 2] [--hidden 4096] [--ffn 14336] [--repeat 3]
+        [--experts 0] [--expert-ffn 2048] [--skip-torch]
         [--compile]   # --compile: torch.compile the torch path too
 """
 
@@ -27,10 +37,21 @@ import torch
 from _options import integer_options
 from patchkit.patches.modelopt.qat._nvfp4_pack import quantize_nvfp4
 
+#: Bytes a copy moves per weight (bf16 read and written) and the export (bf16 read, E2M1 + E4M3 written).
+COPY_BYTES_PER_WEIGHT = 4.0
+EXPORT_BYTES_PER_WEIGHT = 2.0 + 0.5 + 1.0 / 16
+#: The same export with a pass of its own over the weights for the per-tensor amax.
+EXPORT_WITH_AMAX_PASS_BYTES_PER_WEIGHT = EXPORT_BYTES_PER_WEIGHT + 2.0
 
-def layer_weights(hidden: int, ffn: int, heads: int, groups: int, device: str) -> list[torch.Tensor]:
+
+def layer_weights(hidden: int, ffn: int, heads: int, groups: int, device: str, experts: int = 0,
+                  expert_ffn: int = 2048) -> list[torch.Tensor]:
     head_dim = hidden // heads
-    shapes = [((heads + 2 * groups) * head_dim, hidden), (hidden, hidden), (2 * ffn, hidden), (hidden, ffn)]
+    shapes = [((heads + 2 * groups) * head_dim, hidden), (hidden, hidden)]
+    if experts:
+        shapes += [(2 * expert_ffn, hidden), (hidden, expert_ffn)] * experts
+    else:
+        shapes += [(2 * ffn, hidden), (hidden, ffn)]
     return [torch.randn(shape, dtype=torch.bfloat16, device=device) for shape in shapes]
 
 
@@ -40,10 +61,19 @@ def _sync(device: str) -> None:
 
 
 def timed(fn, weights, device: str, repeat: int) -> float:
+    """Median seconds of ``fn(weights)`` after a warm-up: CUDA events on a GPU, the wall clock on CPU."""
     fn(weights)  # warm-up (allocator, kernels)
     _sync(device)
     times = []
     for _ in range(repeat):
+        if device.startswith("cuda"):
+            start_event, end_event = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start_event.record()
+            fn(weights)
+            end_event.record()
+            end_event.synchronize()
+            times.append(start_event.elapsed_time(end_event) / 1e3)
+            continue
         start = time.perf_counter()
         fn(weights)
         _sync(device)
@@ -76,8 +106,10 @@ def peak_extra_bytes(weights, amaxes, device: str, backend: str = "auto") -> int
 
 
 def main() -> None:
-    parser = integer_options(__doc__, layers=2, hidden=4096, ffn=14336, heads=32, groups=8, repeat=3)
+    parser = integer_options(__doc__, layers=2, hidden=4096, ffn=14336, heads=32, groups=8, repeat=3, experts=0,
+                             expert_ffn=2048)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--skip-torch", action="store_true", help="on CUDA, time the fused kernel only")
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile the per-slice quantize-and-pack (fuses its elementwise passes)")
     args = parser.parse_args()
@@ -87,22 +119,30 @@ def main() -> None:
         _nvfp4_pack._quantize_rows = torch.compile(_nvfp4_pack._quantize_rows, dynamic=True)
     torch.manual_seed(0)
     # Peak memory first, on a fresh process's one layer, before timing warms any allocator.
-    one = layer_weights(args.hidden, args.ffn, args.heads, args.groups, args.device)
+    shape_args = (args.hidden, args.ffn, args.heads, args.groups, args.device, args.experts, args.expert_ffn)
+    one = layer_weights(*shape_args)
     one_amax = [w.float().abs().amax() for w in one]
     largest = max(w.numel() * w.element_size() for w in one)
     backends = ["triton", "torch"] if args.device.startswith("cuda") else ["torch"]
+    if args.skip_torch and len(backends) > 1:
+        backends.remove("torch")
     peaks = {backend: peak_extra_bytes(one, one_amax, args.device, backend) for backend in backends}
-    weights = one + [w for _ in range(args.layers - 1)
-                     for w in layer_weights(args.hidden, args.ffn, args.heads, args.groups, args.device)]
+    weights = one + [w for _ in range(args.layers - 1) for w in layer_weights(*shape_args)]
     amaxes = [w.float().abs().amax() for w in weights]
     total = sum(w.numel() * w.element_size() for w in weights)
     copy_s = timed(copy_all, weights, args.device, args.repeat)
-    print(f"device {args.device}, {len(weights)} bf16 weights, {total / 2**30:.2f} GiB, median of {args.repeat}")
-    print(f"copy            {total / copy_s / 2**20:10.1f} MiB/s  ({copy_s * 1e3:.2f} ms)")
+    name = torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device
+    print(f"device {name}, {len(weights)} bf16 weights, {total / 2**30:.2f} GiB, median of {args.repeat}; "
+          f"throughput in GB/s of bf16 weights read")
+    print(f"copy            {total / copy_s / 1e9:10.1f} GB/s  ({copy_s * 1e3:.3f} ms; "
+          f"{total * 2 / copy_s / 1e9:.0f} GB/s read + written)")
+    bound = COPY_BYTES_PER_WEIGHT / EXPORT_BYTES_PER_WEIGHT
+    bound_with_amax = COPY_BYTES_PER_WEIGHT / EXPORT_WITH_AMAX_PASS_BYTES_PER_WEIGHT
     for backend in backends:
         export_s = timed(lambda ws, b=backend: export_all(ws, amaxes, b), weights, args.device, args.repeat)
-        print(f"export {backend:8} {total / export_s / 2**20:10.1f} MiB/s  ({export_s * 1e3:.2f} ms)  "
-              f"export / copy: {copy_s / export_s:.3f}  (goal on GPU >= 0.5)")
+        print(f"export {backend:8} {total / export_s / 1e9:10.1f} GB/s  ({export_s * 1e3:.3f} ms)  "
+              f"export / copy: {copy_s / export_s:.3f}  (goal on GPU >= 0.8; bound {bound:.2f}x with the quantizer's "
+              f"amax, {bound_with_amax:.2f}x with an amax pass)")
     for backend, peak in peaks.items():
         print(f"peak extra memory exporting one layer ({backend}): {peak / 2**20:.1f} MiB = {peak / largest:.2f}x "
               f"the largest weight ({largest / 2**20:.1f} MiB; goal <= 2x)")

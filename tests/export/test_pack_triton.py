@@ -115,3 +115,37 @@ def test_the_fused_kernel_flags_a_nan_or_infinite_weight(value, where, dtype):
     assert not _nonfinite_flag(torch.randn(3, 48, dtype=dtype).cuda(), "triton")  # a partial program
     if value == value:  # NaN blocks differ between the paths (NaN clamps differently); the export refuses them
         _same_bits(weight, torch.tensor(E2M1_MAX * E4M3_MAX))  # the flag changes no output bit
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("amax_factor", [1.0, 0.5, 1e-3, 1e6])
+def test_weights_over_eighty_binades_pack_to_the_same_bits(dtype, amax_factor):
+    # The fused kernel compares |x| with per-block thresholds instead of dividing: weights spread over
+    # 2**-40 .. 2**40, with the amax they have, with one too small (codes saturate) and too large.
+    generator = torch.Generator().manual_seed(1)
+    weight = torch.randn(1024, 4096, generator=generator) * torch.exp2(
+        torch.randint(-40, 40, (1024, 4096), generator=generator).float())
+    weight = weight.to(dtype).cuda()
+    _same_bits(weight, weight.float().abs().amax() * amax_factor)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_ties_at_every_block_scale_and_extreme_divisors_pack_to_the_same_bits(dtype):
+    # Every tie scaled by a power of two per block (block scales that are powers of two); then
+    # subnormal weights and quotients, and amaxes so small or large that the divisor leaves the
+    # thresholds' exact range and the kernel divides instead.
+    amax = torch.tensor(E2M1_MAX * E4M3_MAX)
+    ties = torch.tensor([6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -0.75, -1.25, -1.75, -2.5, -3.5, -5.0, 0.0])
+    generator = torch.Generator().manual_seed(2)
+    scaled_ties = ties.repeat(4096, 1) * torch.exp2(torch.randint(-8, 7, (4096, 1), generator=generator).float())
+    _same_bits(scaled_ties.to(dtype).cuda(), amax)
+    base = torch.randn(512, 1024, generator=generator)
+    spread = base * torch.exp2(torch.randint(-140, 0, base.shape, generator=generator).float())
+    for weight, weight_amax in [(base * 1e-39, amax), (base * 1e-39, (base * 1e-39).abs().amax()), (spread, amax),
+                                (base * 1e30, torch.tensor(1e-3)), (base * 1e38, torch.tensor(1e-30)),
+                                (base, torch.tensor(1e-38)), (base, torch.tensor(3e38))]:
+        _same_bits(weight.to(dtype).cuda(), weight_amax)

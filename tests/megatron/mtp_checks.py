@@ -149,9 +149,12 @@ def assert_all_gradients_finite(model: Any) -> None:
     assert not bad, f"non-finite gradients in {bad}"
 
 
-def context_parallel_zero_mask_rank(rank: int, world_size: int, init_method: str, patched: bool) -> tuple[bool, bool]:
-    """One rank of a CP=2 gloo job (``tests/_multiprocess.spawn_ranks``): rank 1 holds only masked
-    tokens; returns whether its loss and gradients are finite and whether its MTP layers trained.
+def context_parallel_zero_mask_rank(
+    rank: int, world_size: int, init_method: str, patched: bool, backend: str = "gloo"
+) -> tuple[bool, bool]:
+    """One rank of a CP=2 job (``tests/_multiprocess.spawn_ranks``; gloo on CPU, or NCCL with one GPU a
+    rank): rank 1 holds only masked tokens; returns whether its loss and gradients are finite and
+    whether its MTP layers trained.
 
     The local (non-TE) attention cannot run context parallelism, so the decoder is left out: the
     main hidden states are a leaf standing in for the decoder's output shard, and the postprocess
@@ -165,25 +168,29 @@ def context_parallel_zero_mask_rank(rank: int, world_size: int, init_method: str
 
     import patchkit
 
-    init_rank(rank, world_size, init_method)
+    device = torch.device("cpu")
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+        device = torch.device("cuda", rank)
+    init_rank(rank, world_size, init_method, backend)
     try:
-        with cpu_megatron():
+        with cpu_megatron() if backend == "gloo" else contextlib.nullcontext():
             parallel_state.initialize_model_parallel(context_parallel_size=2)
             model_parallel_cuda_manual_seed(1234)
-            model = build_tiny_gpt(mtp_num_layers=1)
+            model = build_tiny_gpt(mtp_num_layers=1).to(device)
             batch = make_batch(seq_len=16)
             # Upstream's CP layout: each rank holds chunks (rank, 2*cp-1-rank) of 4.
             chunks = [slice(4 * i, 4 * i + 4) for i in (rank, 3 - rank)]
 
             def shard(t: torch.Tensor) -> torch.Tensor:
-                return torch.cat([t[:, c] for c in chunks], dim=1)
+                return torch.cat([t[:, c] for c in chunks], dim=1).to(device)
 
             loss_mask = shard(batch.loss_mask) * (0.0 if rank == 1 else 1.0)
             if rank == 0:
                 loss_mask[:, 4] = 0.0  # chunk 3's first token rolls into rank 1's shard: mask it too
-            hidden = torch.randn(8, batch.input_ids.shape[0], 64, generator=torch.Generator().manual_seed(rank),
-                                 requires_grad=True)
-            causal = torch.ones(8, 8, dtype=torch.bool).triu(1).view(1, 1, 8, 8)
+            hidden = torch.randn(8, batch.input_ids.shape[0], 64, generator=torch.Generator().manual_seed(rank))
+            hidden = hidden.to(device).requires_grad_()
+            causal = torch.ones(8, 8, dtype=torch.bool, device=device).triu(1).view(1, 1, 8, 8)
             context = patchkit.applied("megatron.mtp_postprocess") if patched else contextlib.nullcontext()
             with context:
                 logits = model._postprocess(

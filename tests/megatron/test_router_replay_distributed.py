@@ -4,8 +4,7 @@ bias (so fresh routing differs), replays in another forward, and every rank chec
 maps equal the recorded ones. Indices move between ranks only through ``patchkit.patches.megatron.router_replay``:
 the pipeline gather / merge by layer number, the sequence-parallel gather and shard, CP unpack/pack.
 
-Run as a script, this file is one rank (``python test_router_replay_distributed.py RANK WORLD INIT_METHOD OUT``);
-the ranks are started, watched and bounded by ``tests/_multiprocess.run_rank_commands``.
+Run as a script, this file is one rank (``python test_router_replay_distributed.py RANK WORLD PORT OUT``).
 """
 
 from __future__ import annotations
@@ -19,22 +18,35 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
-SCENARIOS = ("pp2", "vpp2", "tp2_sp", "cp2")
-# EP=2 is not in the list: on gloo, megatron-core's all-to-all dispatcher hands torch tensors as
-# split sizes to all_to_all_single ("alltoall_base(): incompatible function arguments"); on CUDA
-# they are moved to the host first. Not proven here; see the docs page.
+SCENARIOS = {
+    "gloo": ("pp2", "vpp2", "tp2_sp", "cp2"),
+    # EP=2 runs on the GPUs only: on gloo, megatron-core's all-to-all dispatcher hands torch tensors
+    # as split sizes to all_to_all_single ("alltoall_base(): incompatible function arguments"); on
+    # CUDA they are moved to the host first.
+    "nccl": ("pp2", "vpp2", "tp2_sp", "cp2", "ep2"),
+}
+#: Largest |TP=2 loss - one-rank loss| per token (float32, per-token cross-entropy of about 5): the
+#: row-parallel all-reduce sums partial products in another order than one matrix product does.
+ONE_RANK_LOSS_BOUND = 1e-4
+#: Seconds the ranks of one backend may take for all their scenarios.
+RANKS_TIMEOUT_S = 900
 HERE = Path(__file__).resolve().parent
+_results_cache: dict[str, dict[int, dict]] = {}
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
+def _two_gpus() -> bool:
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.device_count() >= 2
+
+
+def _run_ranks(backend: str, out: Path) -> dict[int, dict]:
     from _multiprocess import rendezvous, run_rank_commands
 
-    out = tmp_path_factory.mktemp("replay_dist")
     init_method = rendezvous(out)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
-    run_rank_commands([[sys.executable, str(Path(__file__).resolve()), str(rank), "2", init_method, str(out)]
-                       for rank in range(2)], timeout=900, env=env)
+    run_rank_commands([[sys.executable, str(Path(__file__).resolve()), str(rank), "2", backend, init_method, str(out)]
+                       for rank in range(2)], timeout=RANKS_TIMEOUT_S, env=env)
     found = {}
     for rank in range(2):
         path = out / f"rank{rank}.json"
@@ -43,7 +55,22 @@ def results(tmp_path_factory):
     return found
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS)
+@pytest.fixture
+def results(request, tmp_path_factory):
+    backend = request.param
+    if backend == "nccl" and not _two_gpus():
+        pytest.skip("needs two CUDA GPUs")
+    if backend not in _results_cache:  # one launch of the ranks per backend
+        _results_cache[backend] = _run_ranks(backend, tmp_path_factory.mktemp(f"replay_{backend}"))
+    return _results_cache[backend]
+
+
+CASES = [pytest.param("gloo", scenario, id=f"gloo-{scenario}") for scenario in SCENARIOS["gloo"]] + [
+    pytest.param("nccl", scenario, id=f"nccl-{scenario}", marks=pytest.mark.gpu) for scenario in SCENARIOS["nccl"]
+]
+
+
+@pytest.mark.parametrize(("results", "scenario"), CASES, indirect=["results"])
 def test_replay_reproduces_the_recorded_routing_on_every_rank(results, scenario):
     for rank in (0, 1):
         result = results[rank][scenario]
@@ -52,17 +79,27 @@ def test_replay_reproduces_the_recorded_routing_on_every_rank(results, scenario)
         assert result["fresh_differs"], "changing the expert bias must change fresh routing"
         assert result["replay_equal"], f"rank {rank}: replayed routing differs from the recorded one"
         assert result["layers_gathered"] == result["layers_expected"]
+        assert result.get("loss_equal", True), f"rank {rank}: the replayed loss differs from the recorded one"
+        if "one_rank_maps_equal" in result:  # TP=2: what one rank without model parallelism computes
+            assert result["one_rank_maps_equal"], f"rank {rank}: TP=2 routing differs from the one-rank routing"
+            assert result["one_rank_loss_difference"] <= ONE_RANK_LOSS_BOUND, result["one_rank_loss_difference"]
 
 
 # ------------------------------------------------------------------------------------------------
 # The rank side.
 
 
-def _run_rank(rank: int, world: int, init_method: str, out: str) -> None:
+def _run_rank(rank: int, world: int, backend: str, init_method: str, out: str) -> None:
+    import contextlib
+
     import torch
     from _multiprocess import init_rank
 
-    init_rank(rank, world, init_method)
+    global DEVICE
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+        DEVICE = torch.device("cuda", rank)
+    init_rank(rank, world, init_method, backend)
     import traceback
 
     from cpu_harness import cpu_megatron
@@ -72,8 +109,9 @@ def _run_rank(rank: int, world: int, init_method: str, out: str) -> None:
 
     patchkit.apply_all()
     results = {}
-    with cpu_megatron(), cpu_moe():
-        for scenario in SCENARIOS:
+    harness = (cpu_megatron(), cpu_moe()) if backend == "gloo" else (contextlib.nullcontext(), contextlib.nullcontext())
+    with harness[0], harness[1]:
+        for scenario in SCENARIOS[backend]:
             try:
                 results[scenario] = SCENARIO_FUNCTIONS[scenario](rank)
             except Exception:  # reported per scenario, the others still run
@@ -82,6 +120,14 @@ def _run_rank(rank: int, world: int, init_method: str, out: str) -> None:
                 _teardown()
     Path(out, f"rank{rank}.json").write_text(json.dumps(results))
     torch.distributed.destroy_process_group()
+
+
+#: Where a rank's models and batches live: the CPU on gloo, its own GPU on NCCL (set by ``_run_rank``).
+DEVICE = None
+
+
+def _on_device(model):
+    return model if DEVICE is None else model.to(DEVICE)
 
 
 def _setup(**sizes):
@@ -135,7 +181,7 @@ def _pipeline_forward(chunks, batch, rank, world):
     for chunk in chunks:
         if not chunk.pre_process:
             shape = (batch.input_ids.shape[1], batch.input_ids.shape[0], chunk.config.hidden_size)
-            hidden = torch.empty(shape)
+            hidden = torch.empty(shape, device=DEVICE)
             torch.distributed.recv(hidden, src=(rank - 1) % world)
         parallel_state.set_virtual_pipeline_model_parallel_rank(getattr(chunk, "vp_stage", None) or 0)
         chunk.set_input_tensor(hidden)
@@ -166,10 +212,11 @@ def _scenario_pipeline(rank, vpp):
         last = rank == 1 and (vp in (None, 1))
         if vp is not None:
             parallel_state.set_virtual_pipeline_model_parallel_rank(vp)
-        chunk = build_tiny_moe(pre_process=first, post_process=last, vp_stage=vp, seed=rank * 10 + (vp or 0), **common)
+        chunk = _on_device(build_tiny_moe(pre_process=first, post_process=last, vp_stage=vp, seed=rank * 10 + (vp or 0),
+                                          **common))
         chunk.vp_stage = vp
         chunks.append(chunk)
-    batch = causal_batch()
+    batch = causal_batch() if DEVICE is None else causal_batch().to(DEVICE)
     scope = replay.for_model(chunks)
     captures = _maps_of(chunks)
 
@@ -213,7 +260,22 @@ def _norm_without_sequence_parallel():
     return mock.patch.object(torch_norm.WrappedTorchNorm, "__new__", new)
 
 
-def _scenario_simple(rank, *, sizes, overrides, pack_cp=False):
+def _one_rank_reference(batch):
+    """The same model and batch without model parallelism (data parallel over the two ranks): its
+    recorded routing by layer and its loss, what one GPU computes."""
+    from patchkit.patches.megatron import router_replay as replay
+    from replay_models import build_tiny_moe, forward_loss
+
+    _teardown()
+    _setup()
+    model = _on_device(build_tiny_moe(seed=3))
+    scope = replay.for_model(model)
+    scope.set_action("record")
+    loss = forward_loss(model, batch).detach()
+    return dict(scope.recorded()), loss
+
+
+def _scenario_simple(rank, *, sizes, overrides, pack_cp=False, compare_one_rank=False):
     """TP / EP / CP: one stage; indices go through the gather/unpack/pack path of the scenario."""
     import torch
     from megatron.core import parallel_state
@@ -222,18 +284,20 @@ def _scenario_simple(rank, *, sizes, overrides, pack_cp=False):
 
     _setup(**sizes)
     with _norm_without_sequence_parallel():
-        model = build_tiny_moe(seed=3, **overrides)
+        model = _on_device(build_tiny_moe(seed=3, **overrides))
     batch = causal_batch(batch_size=1, seq_len=16, seed=7 + (rank if "expert_model_parallel_size" in sizes else 0))
+    if DEVICE is not None:
+        batch = batch.to(DEVICE)
     scope = replay.for_model(model)
     (capture,) = _maps_of([model])
     scope.set_action("record")
-    forward_loss(model, batch)
+    recorded_loss = forward_loss(model, batch).detach()
     recorded_maps = capture.take()
     full = scope.recorded()  # sequence-parallel shards gathered: full rows on every TP rank
     if pack_cp:
         # Each CP rank's rows -> all ranks' rows -> per-sample -> this rank's rows again.
         group = parallel_state.get_context_parallel_group()
-        layout = replay.thd_layout([32], seq_len=32, cp_size=2, num_experts=8)
+        layout = replay.thd_layout([32], seq_len=32, cp_size=2, num_experts=8, device=DEVICE)
         keys, stacked = replay.stack_layers(full)
         parts = [torch.empty_like(stacked) for _ in range(2)]
         torch.distributed.all_gather(parts, stacked.contiguous(), group=group)
@@ -246,12 +310,23 @@ def _scenario_simple(rank, *, sizes, overrides, pack_cp=False):
     fresh = capture.take()
     scope.set_targets(full)  # cut back to this TP rank's shard under sequence parallelism
     scope.set_action("replay_forward")
-    forward_loss(model, batch)
+    replayed_loss = forward_loss(model, batch).detach()
     replayed = capture.take()
-    return {
+    result = {
         "routers": len(scope.layers), "fresh_differs": _differs(fresh, recorded_maps),
         "replay_equal": _equal(replayed, recorded_maps), "layers_gathered": list(full), "layers_expected": [1, 2],
+        "loss_equal": bool(torch.equal(replayed_loss, recorded_loss)),
     }
+    if compare_one_rank and DEVICE is not None:
+        # Weights come from the CPU initialisation (use_cpu_initialization): the TP shards are slices of
+        # the one-rank weights, so the gathered routing must be the one-rank routing, and the loss equal
+        # up to the order of the tensor-parallel reductions. On GPUs only: under the CPU stand-ins the
+        # ranks do not come back from re-initialising the parallel state mid-scenario.
+        reference_maps, reference_loss = _one_rank_reference(batch)
+        result["one_rank_maps_equal"] = sorted(reference_maps) == sorted(full) and all(
+            torch.equal(full[layer].cpu(), reference_maps[layer].cpu()) for layer in reference_maps)
+        result["one_rank_loss_difference"] = float((recorded_loss.float() - reference_loss.float()).abs().max())
+    return result
 
 
 SCENARIO_FUNCTIONS = {
@@ -259,11 +334,14 @@ SCENARIO_FUNCTIONS = {
     "vpp2": lambda rank: _scenario_pipeline(rank, vpp=True),
     "tp2_sp": lambda rank: _scenario_simple(
         rank, sizes=dict(tensor_model_parallel_size=2),
-        overrides=dict(tensor_model_parallel_size=2, sequence_parallel=True),
+        overrides=dict(tensor_model_parallel_size=2, sequence_parallel=True), compare_one_rank=True,
     ),
     "cp2": lambda rank: _scenario_simple(rank, sizes=dict(context_parallel_size=2), overrides={}, pack_cp=True),
+    "ep2": lambda rank: _scenario_simple(
+        rank, sizes=dict(expert_model_parallel_size=2), overrides=dict(expert_model_parallel_size=2),
+    ),
 }
 
 
 if __name__ == "__main__":
-    _run_rank(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4])
+    _run_rank(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5])

@@ -2,21 +2,31 @@
 
 The torch path of ``_nvfp4_pack.quantize_nvfp4`` is about twenty elementwise passes over float32
 temporaries; on a GPU that runs at under 1% of a plain copy's throughput. Here one program reads
-``BLOCKS`` blocks of 16 weights once and writes their packed codes and FP8 scales: 2 bytes read and
-0.56 bytes written per bf16 weight, against a copy's 2 and 2. The kernel is bound by arithmetic,
-not memory, so the E2M1 code takes three integer roundings rather than seven comparisons.
+``BLOCKS`` blocks of 16 weights once, in 16-byte vectors, and writes their packed codes and FP8
+scales: 2 bytes read and 0.5625 written per bf16 weight, against a copy's 2 and 2. The per-tensor
+amax is not computed here: it is the quantizer's calibrated ``_amax``, which ModelOpt's own export
+uses too, so the export is one pass over the weights.
 
-Bit-identity with ModelOpt's export arithmetic (the torch path, ``tests/export``) rests on:
+At that traffic the kernel is bound by instruction issue, not memory, so each weight costs as few
+instructions as possible and no division:
 
-- divisions rounded to nearest (``div_rn``): Triton's ``/`` on float32 is the approximate
-  ``div.full.f32``, which can put a value on the other side of an E2M1 rounding boundary (measured:
-  it would be 1.5x faster, and wrong);
+- **codes by threshold**: ModelOpt's code of a weight ``x`` is a function of the correctly rounded
+  quotient ``q = RN(x / d)`` (``d = block_scale * scale_2``): E2M1 rounding with ties at 0.25, 1.25,
+  2.5, 5 going down and at 0.75, 1.75, 3.5 going up. It grows with ``|x|``, so the code is the
+  number of the block's seven thresholds ``|x|`` reaches, the smallest ``|x|`` whose quotient passes
+  each boundary. Those are exact per block: a boundary ``b`` is passed when ``|x| / d`` exceeds
+  ``b + ulp(b) / 2`` (ties down; the tie rounds to ``b``, whose mantissa is even) or reaches
+  ``b - ulp(b) / 2`` (ties up), and ``d * (b +- ulp(b) / 2)`` is one fused multiply-add rounded
+  down or up (``fma.rm`` / ``fma.rp``) since ``d * ulp(b) / 2`` is exact. The sign bit is set when
+  the quotient is not -0.0: ``|x| / d > 2**-150``, the subnormal ``floor(d / 2) + 1`` for ``d < 2**24``.
+  A program with a divisor outside ``[2**-90, 2**24)`` (a tiny or huge amax) divides instead
+  (``div_rn``: Triton's ``/`` is the approximate ``div.full.f32``), with the code ``rint(2m)``,
+  ``rint(m) + 2`` or ``rint(m / 2) + 4`` of the quotient's magnitude ``m`` (scaling by 2 is exact)
+  and 7 above 6, for infinity and for NaN;
 - the FP8 block scale is a round-to-nearest-even cast of a value already clamped to ``[2**-9, 448]``,
   as torch's ``.to(torch.float8_e4m3fn)``;
-- ModelOpt's E2M1 rounding (ties at 0.25, 1.25, 2.5, 5 go down, at 0.75, 1.75, 3.5 up) is
-  round-half-to-even on the code: the grid steps by 0.5 below 2, by 1 below 4 and by 2 up to 6, so
-  the code is ``rint(2m)``, ``rint(m) + 2`` or ``rint(m / 2) + 4`` (scaling by 2 is exact), and 7 above
-  6, for infinity and for NaN.
+- floating-point contraction is off (``enable_fp_fusion=False``): the fused multiply-adds above are
+  written out, and no other product may be fused into a sum torch rounds twice.
 """
 
 from __future__ import annotations
@@ -24,20 +34,79 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 
-#: Blocks of 16 weights per program and warps per program (fastest on an H200, bf16 4096 x 57344).
-BLOCKS_PER_PROGRAM = 128
+#: Blocks of 16 weights per program and warps per program (fastest measured on an H200).
+BLOCKS_PER_PROGRAM = 256
 WARPS = 4
+
+_TWO_POW_23 = tl.constexpr(8388608.0)  # float32 bits of 2**23 + n (0 <= n < 2**22) are 0x4B000000 + n
+#: Divisors for which the thresholds below are exact (no product underflows, the sign threshold is subnormal).
+_DIVISOR_LOW = tl.constexpr(2.0**-90)
+_DIVISOR_HIGH = tl.constexpr(2.0**24)
 
 
 @triton.jit
-def _e2m1_codes(scaled):
-    magnitude = tl.abs(scaled)
-    code = tl.where(magnitude < 2.0, libdevice.float2int_rn(magnitude * 2.0),
-                    tl.where(magnitude < 4.0, libdevice.float2int_rn(magnitude) + 2,
-                             tl.where(magnitude <= 6.0, libdevice.float2int_rn(magnitude * 0.5) + 4, 7)))
-    return (code | ((scaled < 0).to(tl.int32) << 3)).to(tl.uint8)
+def _fma_down(a, b, c):
+    return tl.inline_asm_elementwise("fma.rm.f32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.float32,
+                                     is_pure=True, pack=1)
+
+
+@triton.jit
+def _fma_up(a, b, c):
+    return tl.inline_asm_elementwise("fma.rp.f32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.float32,
+                                     is_pure=True, pack=1)
+
+
+@triton.jit
+def _above(product_down):
+    """The smallest float32 above a positive finite float32."""
+    return (product_down.to(tl.int32, bitcast=True) + 1).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _threshold_ties_down(divisor, boundary, half_ulp):
+    """Smallest |x| whose rounded quotient lies above ``boundary`` (whose tie rounds down to it, the even one):
+    |x| / divisor > boundary + half_ulp, so the float32 just above the product rounded down."""
+    return _above(_fma_down(divisor, boundary, divisor * half_ulp))
+
+
+@triton.jit
+def _threshold_ties_up(divisor, boundary, half_ulp):
+    """Smallest |x| whose rounded quotient reaches ``boundary`` (whose tie rounds up to it, the even one):
+    |x| / divisor >= boundary - half_ulp, so the product rounded up."""
+    return _fma_up(divisor, boundary, -(divisor * half_ulp))
+
+
+@triton.jit
+def _exact_codes(quotient):
+    """E2M1 codes (int32, sign in bit 3) of correctly rounded quotients: rint of the value on its grid."""
+    magnitude = tl.abs(quotient)
+    below_2 = magnitude < 2.0
+    below_4 = magnitude < 4.0
+    step = tl.where(below_2, 2.0, tl.where(below_4, 1.0, 0.5))
+    offset = tl.where(below_2, 0, tl.where(below_4, 2, 4))
+    shifted = tl.fma(magnitude, step, _TWO_POW_23)  # magnitude * step is exact; the sum rounds it to an integer
+    code = tl.where(magnitude <= 6.0, shifted.to(tl.int32, bitcast=True) - 0x4B000000 + offset, 7)  # NaN: 7
+    return code | ((quotient < 0).to(tl.int32) << 3)
+
+
+@triton.jit
+def _below(bits, threshold):
+    """-1 where the non-negative float32 of ``bits`` is below ``threshold``, else 0 (their bits order alike)."""
+    return (bits - threshold.to(tl.int32, bitcast=True)) >> 31
+
+
+@triton.jit
+def _codes_by_threshold(weights, t0, t1, t2, t3, t4, t5, t6, t7):
+    """E2M1 codes of ``weights / divisor`` from the divisor's thresholds (``[BLOCKS, 1]``): 7 less one for
+    each threshold |x| stays below, counted on the integer bits (NaN, above every threshold, gets 7 as
+    the quotient's code does). Integer subtractions and shifts rather than float compares and selects:
+    they share the load between the integer and the floating-point units."""
+    bits = tl.abs(weights).to(tl.int32, bitcast=True)
+    code = 7 + _below(bits, t1) + _below(bits, t2) + _below(bits, t3) + _below(bits, t4) + _below(bits, t5) \
+        + _below(bits, t6) + _below(bits, t7)
+    negative = (weights < 0.0) & ~(tl.abs(weights) < t0)  # a quotient that rounds to -0.0 has no sign bit
+    return code | (negative.to(tl.int32) << 3)
 
 
 @triton.jit
@@ -46,31 +115,61 @@ def _max_keeping_nan(a, b):
 
 
 @triton.jit
+def _packed(codes, BLOCKS: tl.constexpr):
+    """``[BLOCKS, 8]`` codes to ``[BLOCKS, 4]`` bytes, the even element in the low nibble."""
+    even, odd = tl.split(tl.reshape(codes, (BLOCKS, 4, 2)))
+    return (even | (odd << 4)).to(tl.uint8)
+
+
+@triton.jit
 def _quantize_blocks(weight_ptr, packed_ptr, scale_ptr, scale_2_ptr, bad_ptr, n_blocks, BLOCKS: tl.constexpr):
     block = tl.program_id(0).to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
     in_range = block < n_blocks
-    # Even and odd elements of each block as two [BLOCKS, 8] tiles: they share cache lines, and
-    # the packed byte is even | odd << 4 with no reshuffling between threads.
-    even_offsets = block[:, None] * 16 + tl.arange(0, 8)[None, :] * 2
-    even = tl.load(weight_ptr + even_offsets, mask=in_range[:, None], other=0.0).to(tl.float32)
-    odd = tl.load(weight_ptr + even_offsets + 1, mask=in_range[:, None], other=0.0).to(tl.float32)
+    # Two [BLOCKS, 8] halves (16-byte loads) rather than one [BLOCKS, 16] tile: each thread holds
+    # whole blocks, so the block maximum and the packing need no exchange between threads.
+    first = block[:, None] * 16 + tl.arange(0, 8)[None, :]
+    low = tl.load(weight_ptr + first, mask=in_range[:, None], other=0.0).to(tl.float32)
+    high = tl.load(weight_ptr + first + 8, mask=in_range[:, None], other=0.0).to(tl.float32)
     scale_2 = tl.load(scale_2_ptr)
 
     # NaN survives the block maximum (as in torch's amax; tl.max would drop it), so a block holding
     # NaN or infinity has a non-finite amax: the flag costs no extra pass over the weights.
-    block_amax = _max_keeping_nan(tl.reduce(tl.abs(even), 1, _max_keeping_nan),
-                                  tl.reduce(tl.abs(odd), 1, _max_keeping_nan))
+    block_amax = _max_keeping_nan(tl.reduce(tl.abs(low), 1, _max_keeping_nan),
+                                  tl.reduce(tl.abs(high), 1, _max_keeping_nan))
     block_scale = tl.math.div_rn(block_amax, 6.0 * scale_2)
     block_scale = tl.where(block_scale == 0.0, 1.0, block_scale)
     block_scale = tl.minimum(tl.maximum(block_scale, 0.001953125), 448.0)  # [2**-9, 448]
     block_scale_fp8 = block_scale.to(tl.float8e4nv, fp_downcast_rounding="rtne")
+    divisor = block_scale_fp8.to(tl.float32) * scale_2
 
-    divisor = (block_scale_fp8.to(tl.float32) * scale_2)[:, None]
-    packed = _e2m1_codes(tl.math.div_rn(even, divisor)) | (_e2m1_codes(tl.math.div_rn(odd, divisor)) << 4)
-    tl.store(packed_ptr + block[:, None] * 8 + tl.arange(0, 8)[None, :], packed, mask=in_range[:, None])
+    # The code of x is how many of the block's thresholds |x| reaches: the smallest |x| whose
+    # correctly rounded quotient passes each E2M1 rounding boundary (0.25, 1.25, 2.5 and 5 tie
+    # down; 0.75, 1.75 and 3.5 tie up; ulp / 2 beside each), and the smallest whose quotient is not
+    # 0 (2**-150 ties down to 0: for divisors below 2**24 that is the subnormal floor(divisor / 2) + 1).
+    t0 = (tl.floor(divisor * 0.5).to(tl.int32) + 1).to(tl.float32, bitcast=True)
+    t1 = _threshold_ties_down(divisor, 0.25, 2.0**-26)[:, None]
+    t2 = _threshold_ties_up(divisor, 0.75, 2.0**-25)[:, None]
+    t3 = _threshold_ties_down(divisor, 1.25, 2.0**-24)[:, None]
+    t4 = _threshold_ties_up(divisor, 1.75, 2.0**-24)[:, None]
+    t5 = _threshold_ties_down(divisor, 2.5, 2.0**-23)[:, None]
+    t6 = _threshold_ties_up(divisor, 3.5, 2.0**-23)[:, None]
+    t7 = _threshold_ties_down(divisor, 5.0, 2.0**-22)[:, None]
+    low_codes = _codes_by_threshold(low, t0[:, None], t1, t2, t3, t4, t5, t6, t7)
+    high_codes = _codes_by_threshold(high, t0[:, None], t1, t2, t3, t4, t5, t6, t7)
+    # Divisors outside [2**-90, 2**24) (a tiny or huge amax, NaN): the program divides instead. One
+    # reduction over the program gives that and the NaN/infinity flag (bit 1).
+    extreme = (~(divisor >= _DIVISOR_LOW) | ~(divisor < _DIVISOR_HIGH)).to(tl.int32)
+    non_finite = ((block_amax != block_amax) | (block_amax == float("inf"))).to(tl.int32)  # masked blocks: 0
+    program_flags = tl.max(extreme | (non_finite << 1), axis=0)
+    if (program_flags & 1) != 0:
+        low_codes = _exact_codes(tl.math.div_rn(low, divisor[:, None]))
+        high_codes = _exact_codes(tl.math.div_rn(high, divisor[:, None]))
+
+    out = block[:, None] * 8 + tl.arange(0, 4)[None, :]
+    tl.store(packed_ptr + out, _packed(low_codes, BLOCKS), mask=in_range[:, None])
+    tl.store(packed_ptr + out + 4, _packed(high_codes, BLOCKS), mask=in_range[:, None])
     tl.store(scale_ptr + block, block_scale_fp8, mask=in_range)
-    non_finite = ((block_amax != block_amax) | (block_amax == float("inf"))).to(tl.int8)  # masked blocks: 0
-    tl.store(bad_ptr + tl.program_id(0), tl.max(non_finite, axis=0))
+    tl.store(bad_ptr + tl.program_id(0), (program_flags >> 1).to(tl.int8))
 
 
 def quantize_rows(rows: torch.Tensor, scale_2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -78,8 +177,9 @@ def quantize_rows(rows: torch.Tensor, scale_2: torch.Tensor) -> tuple[torch.Tens
     CUDA weight.
 
     Blocks of 16 along the last dimension; ``columns`` must be a multiple of 16 (checked by the
-    caller). ``bad`` is 1 for each program whose blocks hold a NaN or an infinity. No float32
-    temporaries: the outputs are the only allocation.
+    caller). ``scale_2`` is the float32 per-tensor scale on the weight's device. ``bad`` is 1 for
+    each program whose blocks hold a NaN or an infinity. No float32 temporaries: the outputs are
+    the only allocation.
     """
     rows = rows.contiguous()
     packed = torch.empty(rows.shape[0], rows.shape[1] // 2, dtype=torch.uint8, device=rows.device)
@@ -87,7 +187,9 @@ def quantize_rows(rows: torch.Tensor, scale_2: torch.Tensor) -> tuple[torch.Tens
     n_blocks = rows.numel() // 16
     programs = triton.cdiv(n_blocks, BLOCKS_PER_PROGRAM)
     bad = torch.empty(programs, dtype=torch.int8, device=rows.device)
+    if scale_2.dtype != torch.float32:
+        scale_2 = scale_2.float()
     if n_blocks:
-        _quantize_blocks[(programs,)](rows, packed, scales, scale_2.reshape(1).to(torch.float32).contiguous(), bad,
-                                      n_blocks, BLOCKS=BLOCKS_PER_PROGRAM, num_warps=WARPS)
+        _quantize_blocks[(programs,)](rows, packed, scales, scale_2, bad, n_blocks, BLOCKS=BLOCKS_PER_PROGRAM,
+                                      num_warps=WARPS, enable_fp_fusion=False)
     return packed, scales, bad
