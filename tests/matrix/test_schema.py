@@ -80,7 +80,7 @@ def test_every_problem_in_the_file_is_reported_at_once() -> None:
 def test_the_repository_matrix_is_valid_and_shipped_with_the_package() -> None:
     matrix = load()
     assert matrix.schema == 1
-    assert matrix.environments["matrix"].tests == ("tests/matrix", "tests/devtools")
+    assert matrix.environments["matrix"].tests == ("tests/matrix", "tests/devtools", "tests/docs")
     assert matrix.environments["matrix"].ci is True
 
 
