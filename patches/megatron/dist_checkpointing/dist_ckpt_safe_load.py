@@ -12,10 +12,10 @@ passes ``weights_only=False`` (any pickle runs). The patch keeps ``weights_only`
 optimizers when installed, and the newest megatron-core list's types that exist in this release.
 More types are added the supported way, ``torch.serialization.add_safe_globals``.
 
-From 0.17 there is no ``TorchCommonLoadStrategy``: the torch_dist format keeps the common state inside
-the DCP checkpoint, and torch's ``DefaultLoadPlanner.load_bytes`` unpickles it without
-``weights_only``, so such checkpoints load (as under slime's ``weights_only=False``): declared
-native there, with the check showing the optimizer class come back.
+0.19 keeps the common state inside the DCP checkpoint, and torch's ``DefaultLoadPlanner.load_bytes``
+unpickles it without ``weights_only``, so such checkpoints load (as under slime's
+``weights_only=False``): declared native there, with the check showing the optimizer class come back.
+0.17 and 0.18 have no ``TorchCommonLoadStrategy`` and still refuse the optimizer class: no variant yet.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ PATCHES = (
             "optimizer classes by hand; slime turns weights_only off altogether."
         ),
         upstream="https://github.com/NVIDIA/Megatron-LM/blob/core_v0.19.0/megatron/core/safe_globals.py",
-        removal="Remove with megatron-core 0.16 (0.17+ load the common state through DCP).",
+        removal="Remove with megatron-core 0.18 (0.19 loads the common state through DCP).",
         version_modules={"megatron-core": "megatron.core"},
         variants=(
             Variant(
@@ -51,8 +51,8 @@ PATCHES = (
             ),
             Variant(
                 label="native-dcp-common-state",
-                requires={"megatron-core": ">=0.17,<0.20"},
-                native=("megatron-core 0.17 saves the common state inside the DCP checkpoint, which torch "
+                requires={"megatron-core": ">=0.19,<0.20"},
+                native=("megatron-core 0.19 saves the common state inside the DCP checkpoint, which torch "
                         "unpickles without weights_only"),
             ),
         ),
