@@ -156,6 +156,8 @@ RECORDS = {
             )),
             ((('megatron-core', '0.16.1'),), 'verified', (
             )),
+            ((('megatron-core', '0.17.1'),), 'verified', (
+            )),
             ((('megatron-core', '0.19.2'),), 'verified', (
             )),
         ),
@@ -175,6 +177,9 @@ RECORDS = {
             ((('megatron-core', '0.16.1'),), 'verified', (
                 ('megatron.core.dist_checkpointing.strategies.filesystem_async:FileSystemWriterAsync.get_save_function_and_args', '3697375ed91f4daa'),
             )),
+            ((('megatron-core', '0.17.1'),), 'verified', (
+                ('megatron.core.dist_checkpointing.strategies.filesystem_async:FileSystemWriterAsync.get_save_function_and_args', 'a47221eabc37bda6'),
+            )),
             ((('megatron-core', '0.19.2'),), 'verified', (
                 ('megatron.core.dist_checkpointing.strategies.filesystem_async:FileSystemWriterAsync.get_save_function_and_args', 'a47221eabc37bda6'),
             )),
@@ -189,6 +194,9 @@ RECORDS = {
                 ('megatron.core.dist_checkpointing.strategies.torch:MCoreLoadPlanner.create_local_plan', 'd3239d69d1fb2525'),
             )),
             ((('megatron-core', '0.16.1'),), 'verified', (
+                ('megatron.core.dist_checkpointing.strategies.torch:MCoreLoadPlanner.create_local_plan', 'd3239d69d1fb2525'),
+            )),
+            ((('megatron-core', '0.17.1'),), 'verified', (
                 ('megatron.core.dist_checkpointing.strategies.torch:MCoreLoadPlanner.create_local_plan', 'd3239d69d1fb2525'),
             )),
             ((('megatron-core', '0.19.2'),), 'verified', (
