@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import patchkit
-from patchkit.doctor import FAILED, NEEDS_GPU, VERIFIED, run
+from patchkit import ConfigError
+from patchkit.doctor import FAILED, VERIFIED, run
 
 PATCH = "modelopt.nvfp4_cpu_fake_quant"
 
@@ -87,8 +88,9 @@ def test_nvfp4_check_fails_when_the_backend_is_not_registered(backend):
     assert verdict.verdict == FAILED and "has the CPU NVFP4 backend registered" in verdict.message
 
 
-def test_nvfp4_check_on_cuda_without_a_gpu_says_so(backend):
+def test_nvfp4_check_on_cuda_without_a_gpu_says_so_before_any_check_runs(backend):
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: tests/modelopt/test_doctor_gpu.py runs the CUDA comparison")
-    verdict = verdict_of("cuda")
-    assert verdict.verdict in (FAILED, NEEDS_GPU)
+    unavailable = r"--device='cuda' is unavailable \(torch .* (built without CUDA|sees no GPU)\)"
+    with pytest.raises(ConfigError, match=unavailable):
+        verdict_of("cuda")
