@@ -204,8 +204,6 @@ def test_the_console_script_runs_from_a_clean_venv(tooled_venv, arguments):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="the command line imports the matrix tooling (PyYAML) before parsing its arguments",
-                   strict=False)
 @pytest.mark.parametrize("arguments", [["--help"], ["list"], ["status"]])
 def test_the_console_script_runs_without_the_tooling_extra(clean_venv, arguments):
     _run_console_script(clean_venv, arguments)
