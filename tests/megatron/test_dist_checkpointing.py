@@ -34,6 +34,7 @@ def _run_check(patch_id: str, check, native: bool = False) -> None:
     check(CheckContext(patch_id, native=native))
 
 
+@pytest.mark.breaks("megatron.dist_ckpt_blocking_d2h")
 def test_async_writer_preload_copies_blocking_and_the_async_save_loads_back():
     patch_id = "megatron.dist_ckpt_blocking_d2h"
     with patchkit.applied(patch_id) as statuses:
@@ -64,6 +65,7 @@ def test_blocking_preload_refuses_a_preload_it_does_not_know():
     assert rebound() is False
 
 
+@pytest.mark.breaks("megatron.dist_ckpt_safe_load")
 @pytest.mark.skipif((0, 17) <= RELEASE < (0, 19), reason="no variant for 0.17-0.18 (no TorchCommonLoadStrategy)")
 def test_common_state_holding_an_optimizer_class_loads_weights_only():
     patch_id = "megatron.dist_ckpt_safe_load"
@@ -76,6 +78,7 @@ def test_common_state_holding_an_optimizer_class_loads_weights_only():
                 _run_check(patch_id, dist_ckpt_safe_load.check_dist_ckpt_safe_load)
 
 
+@pytest.mark.breaks("megatron.dist_ckpt_partial_load")
 def test_a_checkpoint_loads_into_a_model_with_tensors_it_lacks_when_enabled():
     patch_id = "megatron.dist_ckpt_partial_load"
     with patchkit.applied(patch_id) as statuses:
@@ -96,6 +99,7 @@ def test_partial_load_is_opt_in_and_upstream_refuses_a_missing_tensor():
     assert "x from model not in state dict" in refused
 
 
+@pytest.mark.breaks("megatron.dist_ckpt_async_queue_reset")
 def test_async_queue_reset_restarts_call_indices_in_place():
     patch_id = "megatron.dist_ckpt_async_queue_reset"
     with patchkit.applied(patch_id) as statuses:
