@@ -149,3 +149,86 @@ def test_ties_at_every_block_scale_and_extreme_divisors_pack_to_the_same_bits(dt
                                 (base * 1e30, torch.tensor(1e-3)), (base * 1e38, torch.tensor(1e-30)),
                                 (base, torch.tensor(1e-38)), (base, torch.tensor(3e38))]:
         _same_bits(weight.to(dtype).cuda(), weight_amax)
+
+
+def _group_case(device: str) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Weights of many shapes (a partial program, leading dimensions, a non-contiguous one, one with no
+    rows) with their amaxes, a too-small and a too-large amax among them (saturated codes, the
+    dividing fallback); a NaN in one, an infinity in another."""
+    generator = torch.Generator().manual_seed(5)
+    shapes = [(3, 48), (257, 4096), (2, 129, 64), (0, 32), (64, 1024), (1, 16), (96, 256)]
+    weights = [torch.randn(shape, generator=generator) * 10.0 ** float(i - 3) for i, shape in enumerate(shapes)]
+    weights[4][5, 7] = float("nan")
+    weights[6][0, 0] = float("-inf")
+    weights.append(torch.randn(256, 64, generator=generator).t())  # (64, 256), not contiguous
+    amaxes = [w.abs().amax() if w.numel() else torch.tensor(1.0) for w in weights]
+    amaxes[1] = amaxes[1] * 1e-3
+    amaxes[2] = torch.tensor(1e-38)
+    amaxes[5] = torch.tensor(3e38)
+    amaxes[4] = torch.tensor(2.0)
+    amaxes[6] = torch.tensor(7.0)
+    return [w.to(device) for w in weights], amaxes
+
+
+@pytest.mark.parametrize("device", [
+    "cpu", pytest.param("cuda", marks=[pytest.mark.gpu, needs_cuda]),
+])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_grouped_quantization_gives_each_weights_own_bits_and_flag(device, dtype):
+    from patchkit.patches.modelopt.qat._nvfp4_pack import quantize_nvfp4_group
+
+    weights, amaxes = _group_case(device)
+    weights = [w.to(dtype) for w in weights]
+    results, flags = quantize_nvfp4_group(weights, amaxes)
+    assert flags.tolist() == [False, False, False, False, True, False, True, False]
+    for index, (weight, amax, (packed, scale, scale_2)) in enumerate(zip(weights, amaxes, results, strict=True)):
+        expected = quantize_nvfp4(weight, amax.to(device), backend="torch")  # the export's amax is on the device
+        if index == 4:
+            continue  # NaN blocks differ between the paths (the export refuses them); the flag says so
+        assert torch.equal(packed, expected[0]), f"weight {index}: {(packed != expected[0]).sum()} bytes differ"
+        assert torch.equal(scale.view(torch.uint8), expected[1].view(torch.uint8)), f"weight {index}: scales differ"
+        assert torch.equal(scale_2, expected[2].to(scale_2.device)), f"weight {index}: weight_scale_2 differs"
+        assert packed.data_ptr() != results[index - 1][0].data_ptr() or not packed.numel()  # own allocations
+
+
+@pytest.mark.parametrize("device", [
+    "cpu", pytest.param("cuda", marks=[pytest.mark.gpu, needs_cuda]),
+])
+def test_the_grouped_stream_yields_what_one_weight_at_a_time_yields(device, monkeypatch):
+    from patchkit.patches.modelopt.qat import _export_tensors
+    from patchkit.patches.modelopt.qat._export_finite import NonFiniteWeights
+    from patchkit.patches.modelopt.qat._export_tensors import QuantSpec, checkpoint_stream, checkpoint_tensors
+
+    monkeypatch.setattr(_export_tensors, "GROUPED_WEIGHT_LIMIT", 1 << 19)  # the 1 MiB weight goes alone
+
+    generator = torch.Generator().manual_seed(6)
+    items = []
+    for index in range(40):  # small experts, then a large weight that closes a group, a plain tensor between
+        shape = (8192, 64) if index == 20 else (32 * (1 + index % 3), 128)
+        weight = torch.randn(shape, generator=generator).to(torch.bfloat16).to(device)
+        spec = None if index == 30 else QuantSpec(16, weight.float().abs().amax().cpu(),
+                                                  torch.tensor(3.0) if index == 7 else None)
+        items.append((f"layers.{index}.weight", weight, spec, index % 2 == 0))
+    one_at_a_time = [pair for name, weight, spec, _ in items
+                     for pair in checkpoint_tensors(name, weight, spec, NonFiniteWeights())]
+    grouped = list(checkpoint_stream(iter(items), NonFiniteWeights()))
+    assert [name for name, _ in grouped] == [name for name, _ in one_at_a_time]
+    for (name, got), (_, expected) in zip(grouped, one_at_a_time, strict=True):
+        assert got.dtype == expected.dtype and got.shape == expected.shape, name
+        assert torch.equal(got.view(torch.uint8) if got.dtype == torch.float8_e4m3fn else got,
+                           expected.view(torch.uint8) if expected.dtype == torch.float8_e4m3fn else expected), name
+
+
+def test_nonfinite_flags_recorded_one_by_one_and_by_group_name_the_first_bad_weight():
+    from patchkit.patches.modelopt._errors import QATExportError
+    from patchkit.patches.modelopt.qat._export_finite import NonFiniteWeights
+
+    flags = NonFiniteWeights()
+    flags.record("a.weight", torch.tensor(False))
+    flags.record_group(["b.weight", "c.weight", "d.weight"], torch.tensor([False, True, True]))
+    flags.record("e.weight", torch.tensor(True))
+    with pytest.raises(QATExportError, match="2 more weights") as raised:
+        flags.raise_if_any()
+    assert "c.weight" in str(raised.value)
+    flags.record_group(["f.weight"], torch.tensor([False]))
+    flags.raise_if_any()

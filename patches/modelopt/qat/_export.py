@@ -33,7 +33,7 @@ from .._errors import QATExportError
 from ._expert_layout import ExpertLayout, check_expert_layout, split_fused_experts
 from ._export_finite import NonFiniteWeights
 from ._export_names import export_order_key, global_names
-from ._export_tensors import QuantSpec, checkpoint_tensors
+from ._export_tensors import QuantSpec, StreamItem, checkpoint_stream, checkpoint_tensors, specs_on_device
 from ._fused_experts import fuse_experts
 
 logger = logging.getLogger(__name__)
@@ -253,19 +253,27 @@ def _megatron_export(chunks: list[nn.Module]) -> Iterator[tuple[str, torch.Tenso
     rank, world = _dist()
     entries, local = _announce(chunks)
     device = next((p.device for chunk in chunks for p in chunk.parameters()), torch.device("cpu"))
-    nonfinite = NonFiniteWeights()
+    on_device = specs_on_device({e.name: e.spec for e in entries if e.spec is not None}, device)
     for entry in entries:
-        tensor = local.get(entry.name)
-        if tensor is not None:
-            tensor = _gather_tp(tensor, entry)
-        if world > 1:
-            source = min(entry.holders)
-            if tensor is None:
-                tensor = torch.empty(entry.shape, dtype=entry.dtype, device=device)
-            torch.distributed.broadcast(tensor.contiguous() if rank == source else tensor, src=source)
-        assert tensor is not None  # every entry is held somewhere, and broadcast fills the rest
-        yield from checkpoint_tensors(entry.name, tensor, entry.spec, nonfinite)
-        del tensor
+        entry.spec = on_device.get(entry.name)
+    nonfinite = NonFiniteWeights()
+
+    def parameters() -> Iterator[StreamItem]:
+        for entry in entries:
+            tensor = local.get(entry.name)
+            if tensor is not None:
+                tensor = _gather_tp(tensor, entry)
+            if world > 1:
+                source = min(entry.holders)
+                if tensor is None:
+                    tensor = torch.empty(entry.shape, dtype=entry.dtype, device=device)
+                torch.distributed.broadcast(tensor.contiguous() if rank == source else tensor, src=source)
+            assert tensor is not None  # every entry is held somewhere, and broadcast fills the rest
+            # Held: a gathered or received copy, alike on every rank (the grouping must be too).
+            yield entry.name, tensor, entry.spec, world > 1 or entry.partition_dim is not None
+            del tensor
+
+    yield from checkpoint_stream(parameters(), nonfinite)
     nonfinite.raise_if_any()
 
 
@@ -328,6 +336,8 @@ def _bridge_export(chunks: list[nn.Module], bridge: Any, layout: ExpertLayout) -
         mapping = registry.megatron_to_hf_lookup(megatron_name)
         for hf_name in _hf_names(mapping):
             quantized[hf_name] = spec
+    device = next((p.device for chunk in chunks for p in chunk.parameters()), torch.device("cpu"))
+    quantized = specs_on_device(quantized, device)
     # Quantizer buffers have no mapping; Bridge 0.5+ lists them as ``None`` tasks, which its plain
     # export does not skip (its ModelOpt export filters them the same way).
     tasks = [task for task in _model_bridge(bridge).build_conversion_tasks(bridge.hf_pretrained, chunks) if task]
@@ -342,8 +352,8 @@ def _bridge_export(chunks: list[nn.Module], bridge: Any, layout: ExpertLayout) -
         num_experts = int(getattr(chunks[0].config, "num_moe_experts", None) or 0)
         yield from fuse_experts(stream, num_experts, emit)
     else:
-        for name, tensor, spec in stream:
-            yield from emit(name, tensor, spec)
+        # Bridge's tensors are its own gathered copies: a group holds them.
+        yield from checkpoint_stream(((name, tensor, spec, True) for name, tensor, spec in stream), nonfinite)
     nonfinite.raise_if_any()
 
 

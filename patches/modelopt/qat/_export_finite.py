@@ -23,18 +23,20 @@ class NonFiniteWeights:
     """The device flags of one export's quantized weights, read at the end (:meth:`raise_if_any`)."""
 
     def __init__(self) -> None:
-        self._names: list[str] = []
-        self._flags: list[torch.Tensor] = []
+        # Names and their flags, one bool tensor [len(names)] an entry (a weight, or a grouped launch's weights).
+        self._entries: list[tuple[list[str], torch.Tensor]] = []
 
     def record(self, name: str, flag: torch.Tensor) -> None:
         """``flag``: a 0-d bool tensor, True when weight ``name`` holds a NaN or an infinity."""
-        self._names.append(name)
-        self._flags.append(flag.reshape(()))
+        self._entries.append(([name], flag.reshape(1)))
+
+    def record_group(self, names: list[str], flags: torch.Tensor) -> None:
+        """``flags``: a bool tensor ``[len(names)]``, one per weight (a grouped quantization's)."""
+        self._entries.append((list(names), flags.reshape(len(names))))
 
     def raise_if_any(self) -> None:
-        bad = [name for name, flag in zip(self._names, self._read(), strict=True) if flag]
-        self._names.clear()
-        self._flags.clear()
+        bad = [name for name, flag in self._read() if flag]
+        self._entries.clear()
         if bad:
             name = bad[0]
             more = f" ({len(bad) - 1} more weights too)" if len(bad) > 1 else ""
@@ -45,13 +47,18 @@ class NonFiniteWeights:
                 hint="the training step that produced these weights diverged; export an earlier one",
             )
 
-    def _read(self) -> list[bool]:
-        """All flags, with one device wait per device."""
-        values: list[bool] = [False] * len(self._flags)
+    def _read(self) -> list[tuple[str, bool]]:
+        """Every name with its flag, in recording order, with one device wait per device."""
+        values: dict[int, list[bool]] = {}
         by_device: dict[torch.device, list[int]] = {}
-        for index, flag in enumerate(self._flags):
-            by_device.setdefault(flag.device, []).append(index)
+        for index, (_, flags) in enumerate(self._entries):
+            by_device.setdefault(flags.device, []).append(index)
         for indices in by_device.values():
-            for index, value in zip(indices, torch.stack([self._flags[i] for i in indices]).tolist(), strict=True):
-                values[index] = bool(value)
-        return values
+            read = torch.cat([self._entries[i][1] for i in indices]).tolist()
+            offset = 0
+            for index in indices:
+                count = len(self._entries[index][0])
+                values[index] = [bool(v) for v in read[offset:offset + count]]
+                offset += count
+        return [(name, value) for index, (names, _) in enumerate(self._entries)
+                for name, value in zip(names, values[index], strict=True)]

@@ -14,13 +14,14 @@ Each step is written as ModelOpt 0.47 writes it (``qtensor/nvfp4_tensor.py``:
 the result is bit-identical (``tests/export/test_export_bitexact.py``). What differs is memory:
 rows are processed in slices so the float32 temporaries never exceed ``slice_bytes``, where
 ModelOpt materialises several float32 copies of the whole weight. On a CUDA weight, with Triton
-installed, one fused kernel (``_nvfp4_pack_triton``) computes the same bits without temporaries.
+installed, one fused kernel (``_nvfp4_pack_triton``) computes the same bits without temporaries;
+:func:`quantize_nvfp4_group` runs it over several weights in one launch.
 """
 
 from __future__ import annotations
 
 import importlib.util
-from typing import Literal
+from typing import Literal, Sequence
 
 import torch
 
@@ -126,6 +127,60 @@ def quantize_nvfp4(
     if nonfinite is not None:
         nonfinite.append(~torch.stack(finite).all())
     return packed.reshape(*leading, columns // 2), scales.reshape(*leading, columns // block_size), scale_2
+
+
+def quantize_nvfp4_group(
+    weights: Sequence[torch.Tensor],
+    amaxes: Sequence[torch.Tensor],
+    block_size: int = 16,
+    *,
+    backend: Literal["auto", "torch", "triton"] = "auto",
+) -> tuple[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], torch.Tensor]:
+    """:func:`quantize_nvfp4` of several weights at once, each amax moved to its weight's device first (as
+    the export does: ``weight_scale_2`` is then torch's division on that device): per weight the same
+    three tensors, bit for bit, and a bool tensor ``[len(weights)]`` on their device, True for each
+    weight holding a NaN or an infinity (not read here: no wait on the device).
+
+    CUDA weights of one device and dtype with blocks of 16 (Triton installed, ``backend`` not
+    ``"torch"``) go through one kernel launch for the whole group, with no per-weight device work
+    on the host: small weights (experts) then cost a few microseconds of host time each, not a
+    launch and a handful of torch calls. Anything else is quantized one weight at a time.
+    """
+    if not weights:
+        return [], torch.zeros(0, dtype=torch.bool)
+    for weight in weights:
+        if weight.dim() < 1 or weight.shape[-1] % block_size or weight.shape[-1] % 2:
+            quantize_nvfp4(weight, amaxes[0], block_size)  # raises the shape error, naming the shape
+    device, dtype = weights[0].device, weights[0].dtype
+    grouped = all(w.device == device and w.dtype == dtype for w in weights) and all(
+        _use_triton(w, block_size, backend) for w in weights)
+    if not grouped:
+        results: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        flags: list[torch.Tensor] = []
+        for weight, amax in zip(weights, amaxes, strict=True):
+            results.append(quantize_nvfp4(weight, amax.to(weight.device), block_size, backend=backend,
+                                          nonfinite=flags))
+        return results, torch.stack(flags)
+    from ._nvfp4_pack_triton import quantize_group
+
+    rows = [w.detach() if w.dim() == 2 and w.is_contiguous() else w.detach().reshape(-1, w.shape[-1]).contiguous()
+            for w in weights]
+    amax_devices = {a.device for a in amaxes}
+    if amax_devices == {torch.device("cpu")}:
+        # Pinned: a copy from pageable memory would make the host wait for the device's earlier work.
+        pinned = torch.empty(len(amaxes), dtype=torch.float32, pin_memory=True)
+        torch.stack([a.detach().reshape(()).float() for a in amaxes], out=pinned)
+        stacked = pinned.to(device, non_blocking=True)
+    else:
+        stacked = torch.stack([a.detach().reshape(()).float().to(device) for a in amaxes])
+    packed, scales, scale_2, bad = quantize_group(rows, stacked)
+    results = []
+    for weight, amax, p, s, s2 in zip(weights, amaxes, packed, scales, scale_2, strict=True):
+        if weight.dim() != 2:
+            leading = tuple(weight.shape[:-1])
+            p, s = p.reshape(*leading, p.shape[-1]), s.reshape(*leading, s.shape[-1])
+        results.append((p, s, s2 if amax.dim() == 0 else s2.reshape(amax.shape)))
+    return results, bad != 0
 
 
 def _use_triton(weight: torch.Tensor, block_size: int, backend: str) -> bool:
