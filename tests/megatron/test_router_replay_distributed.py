@@ -1,7 +1,9 @@
 """Router replay across real spawned ranks (gloo, CPU): PP=2, PP=2 x VPP=2, TP=2 with sequence
 parallelism, EP=2, CP=2. Each scenario records in one forward, changes every router's expert
 bias (so fresh routing differs), replays in another forward, and every rank checks its routing
-maps equal the recorded ones. Indices move between ranks only through ``patchkit.patches.megatron.router_replay``:
+maps equal the recorded ones. On the GPUs, TP=2 and EP=2 also compare with what one rank without
+model parallelism records on the same weights and batch (EP=2: the one-rank model takes every expert
+from the rank that holds it). Indices move between ranks only through ``patchkit.patches.megatron.router_replay``:
 the pipeline gather / merge by layer number, the sequence-parallel gather and shard, CP unpack/pack.
 
 Run as a script, this file is one rank (``python test_router_replay_distributed.py RANK WORLD PORT OUT``).
@@ -25,8 +27,9 @@ SCENARIOS = {
     # CUDA they are moved to the host first.
     "nccl": ("pp2", "vpp2", "tp2_sp", "cp2", "ep2"),
 }
-#: Largest |TP=2 loss - one-rank loss| per token (float32, per-token cross-entropy of about 5): the
-#: row-parallel all-reduce sums partial products in another order than one matrix product does.
+#: Largest |TP=2 or EP=2 loss - one-rank loss| per token (float32, per-token cross-entropy of about 5):
+#: the row-parallel all-reduce sums partial products in another order than one matrix product does, and
+#: under EP each expert multiplies another set of rows (the all-to-all regroups the tokens).
 ONE_RANK_LOSS_BOUND = 1e-4
 #: Seconds the ranks of one backend may take for all their scenarios.
 RANKS_TIMEOUT_S = 900
@@ -80,8 +83,8 @@ def test_replay_reproduces_the_recorded_routing_on_every_rank(results, scenario)
         assert result["replay_equal"], f"rank {rank}: replayed routing differs from the recorded one"
         assert result["layers_gathered"] == result["layers_expected"]
         assert result.get("loss_equal", True), f"rank {rank}: the replayed loss differs from the recorded one"
-        if "one_rank_maps_equal" in result:  # TP=2: what one rank without model parallelism computes
-            assert result["one_rank_maps_equal"], f"rank {rank}: TP=2 routing differs from the one-rank routing"
+        if "one_rank_maps_equal" in result:  # TP=2, EP=2: what one rank without model parallelism computes
+            assert result["one_rank_maps_equal"], f"rank {rank}: {scenario} routing differs from the one-rank routing"
             assert result["one_rank_loss_difference"] <= ONE_RANK_LOSS_BOUND, result["one_rank_loss_difference"]
 
 
@@ -260,15 +263,47 @@ def _norm_without_sequence_parallel():
     return mock.patch.object(torch_norm.WrappedTorchNorm, "__new__", new)
 
 
-def _one_rank_reference(batch):
+def _tensors(model):
+    """The model's tensors (weights and buffers) on the CPU, by name."""
+    import torch
+
+    return {name: value.detach().cpu().clone() for name, value in model.state_dict().items()
+            if isinstance(value, torch.Tensor)}
+
+
+def _one_rank_state(model, shards):
+    """The one-rank model's tensors from every expert-parallel rank's: local expert ``i`` of rank ``r``
+    is global expert ``r * local + i``; every other tensor is this rank's own."""
+    import re
+
+    import torch
+
+    expert = re.compile(r"local_experts\.(\d+)\.")
+    local = len({found.group(1) for name in shards[0] if (found := expert.search(name))})
+    state = {}
+    for name in _tensors(model):
+        found = expert.search(name)
+        if found is None:
+            state[name] = shards[torch.distributed.get_rank()][name]
+            continue
+        number = int(found.group(1))
+        local_name = f"{name[:found.start()]}local_experts.{number % local}.{name[found.end():]}"
+        state[name] = shards[number // local][local_name]
+    return state
+
+
+def _one_rank_reference(batch, expert_shards=None):
     """The same model and batch without model parallelism (data parallel over the two ranks): its
-    recorded routing by layer and its loss, what one GPU computes."""
+    recorded routing by layer and its loss, what one GPU computes. ``expert_shards``: every EP rank's
+    initial weights, from which the one-rank model takes all its experts."""
     from patchkit.patches.megatron import router_replay as replay
     from replay_models import build_tiny_moe, forward_loss
 
     _teardown()
     _setup()
     model = _on_device(build_tiny_moe(seed=3))
+    if expert_shards is not None:
+        model.load_state_dict(_one_rank_state(model, expert_shards), strict=False)
     scope = replay.for_model(model)
     scope.set_action("record")
     loss = forward_loss(model, batch).detach()
@@ -285,7 +320,9 @@ def _scenario_simple(rank, *, sizes, overrides, pack_cp=False, compare_one_rank=
     _setup(**sizes)
     with _norm_without_sequence_parallel():
         model = _on_device(build_tiny_moe(seed=3, **overrides))
-    batch = causal_batch(batch_size=1, seq_len=16, seed=7 + (rank if "expert_model_parallel_size" in sizes else 0))
+    expert_parallel = "expert_model_parallel_size" in sizes
+    initial = _tensors(model) if compare_one_rank and expert_parallel else None  # before the bias shift
+    batch = causal_batch(batch_size=1, seq_len=16, seed=7 + (rank if expert_parallel else 0))
     if DEVICE is not None:
         batch = batch.to(DEVICE)
     scope = replay.for_model(model)
@@ -322,7 +359,11 @@ def _scenario_simple(rank, *, sizes, overrides, pack_cp=False, compare_one_rank=
         # the one-rank weights, so the gathered routing must be the one-rank routing, and the loss equal
         # up to the order of the tensor-parallel reductions. On GPUs only: under the CPU stand-ins the
         # ranks do not come back from re-initialising the parallel state mid-scenario.
-        reference_maps, reference_loss = _one_rank_reference(batch)
+        shards = None
+        if initial is not None:  # EP: the one-rank model holds all experts, gathered from both ranks
+            shards = [None, None]
+            torch.distributed.all_gather_object(shards, initial)
+        reference_maps, reference_loss = _one_rank_reference(batch, shards)
         result["one_rank_maps_equal"] = sorted(reference_maps) == sorted(full) and all(
             torch.equal(full[layer].cpu(), reference_maps[layer].cpu()) for layer in reference_maps)
         result["one_rank_loss_difference"] = float((recorded_loss.float() - reference_loss.float()).abs().max())
@@ -339,6 +380,7 @@ SCENARIO_FUNCTIONS = {
     "cp2": lambda rank: _scenario_simple(rank, sizes=dict(context_parallel_size=2), overrides={}, pack_cp=True),
     "ep2": lambda rank: _scenario_simple(
         rank, sizes=dict(expert_model_parallel_size=2), overrides=dict(expert_model_parallel_size=2),
+        compare_one_rank=True,
     ),
 }
 
