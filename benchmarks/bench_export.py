@@ -35,7 +35,11 @@ import time
 
 import torch
 from _options import integer_options
+from patchkit.patches.modelopt.qat._export_finite import NonFiniteWeights
+from patchkit.patches.modelopt.qat._export_tensors import QuantSpec, checkpoint_stream, specs_on_device
 from patchkit.patches.modelopt.qat._nvfp4_pack import quantize_nvfp4
+
+import patchkit
 
 #: Bytes a copy moves per weight (bf16 read and written) and the export (bf16 read, E2M1 + E4M3 written).
 COPY_BYTES_PER_WEIGHT = 4.0
@@ -87,6 +91,19 @@ def copy_all(weights):
 
 
 def export_all(weights, amaxes, backend="auto"):
+    """``grouped``: what ``export_qat_weights`` runs (the quantizers' amaxes, held on the host by
+    ``quant_specs``, moved to the device in one copy; then ``checkpoint_stream``: small weights grouped
+    into one launch, large ones one launch each); otherwise one
+    ``quantize_nvfp4`` call a weight with that backend (given amaxes on the device: no host copy waits)."""
+    if backend == "grouped":
+        nonfinite = NonFiniteWeights()
+        specs = specs_on_device({f"w{index}.weight": QuantSpec(16, amax.cpu()) for index, amax in enumerate(amaxes)},
+                                weights[0].device)
+        items = ((f"w{index}.weight", weight, specs[f"w{index}.weight"], False) for index, weight in enumerate(weights))
+        for _ in checkpoint_stream(items, nonfinite):
+            pass
+        nonfinite.raise_if_any()
+        return
     for weight, amax in zip(weights, amaxes, strict=True):
         quantize_nvfp4(weight, amax, backend=backend)
 
@@ -121,17 +138,21 @@ def main() -> None:
     # Peak memory first, on a fresh process's one layer, before timing warms any allocator.
     shape_args = (args.hidden, args.ffn, args.heads, args.groups, args.device, args.experts, args.expert_ffn)
     one = layer_weights(*shape_args)
-    one_amax = [w.float().abs().amax() for w in one]
+    one_amax = [w.float().abs().amax().cpu() for w in one]
     largest = max(w.numel() * w.element_size() for w in one)
-    backends = ["triton", "torch"] if args.device.startswith("cuda") else ["torch"]
+    backends = ["grouped", "triton", "torch"] if args.device.startswith("cuda") else ["torch"]
     if args.skip_torch and len(backends) > 1:
         backends.remove("torch")
-    peaks = {backend: peak_extra_bytes(one, one_amax, args.device, backend) for backend in backends}
+    one_amax_device = [amax.to(args.device) for amax in one_amax]
+    peaks = {backend: peak_extra_bytes(one, one_amax if backend == "grouped" else one_amax_device, args.device, backend)
+             for backend in backends}
     weights = one + [w for _ in range(args.layers - 1) for w in layer_weights(*shape_args)]
-    amaxes = [w.float().abs().amax() for w in weights]
+    amaxes = [w.float().abs().amax().cpu() for w in weights]
+    amaxes_device = [amax.to(args.device) for amax in amaxes]
     total = sum(w.numel() * w.element_size() for w in weights)
     copy_s = timed(copy_all, weights, args.device, args.repeat)
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device
+    print(f"patchkit from {patchkit.__file__}")
     print(f"device {name}, {len(weights)} bf16 weights, {total / 2**30:.2f} GiB, median of {args.repeat}; "
           f"throughput in GB/s of bf16 weights read")
     print(f"copy            {total / copy_s / 1e9:10.1f} GB/s  ({copy_s * 1e3:.3f} ms; "
@@ -139,7 +160,8 @@ def main() -> None:
     bound = COPY_BYTES_PER_WEIGHT / EXPORT_BYTES_PER_WEIGHT
     bound_with_amax = COPY_BYTES_PER_WEIGHT / EXPORT_WITH_AMAX_PASS_BYTES_PER_WEIGHT
     for backend in backends:
-        export_s = timed(lambda ws, b=backend: export_all(ws, amaxes, b), weights, args.device, args.repeat)
+        on = amaxes if backend == "grouped" else amaxes_device
+        export_s = timed(lambda ws, b=backend, a=on: export_all(ws, a, b), weights, args.device, args.repeat)
         print(f"export {backend:8} {total / export_s / 1e9:10.1f} GB/s  ({export_s * 1e3:.3f} ms)  "
               f"export / copy: {copy_s / export_s:.3f}  (goal on GPU >= 0.8; bound {bound:.2f}x with the quantizer's "
               f"amax, {bound_with_amax:.2f}x with an amax pass)")
