@@ -12,7 +12,8 @@ Three paths behind one call, :func:`export_qat_weights`:
 - **megatron**: no Bridge; Megatron names. Each rank announces its parameters once (global name,
   shape, amax); then, parameter by parameter in one global order, the tensor-parallel group
   gathers the shards, the lowest rank holding the result broadcasts it, and every rank quantizes
-  and yields it. Peak extra memory is one gathered parameter plus its packed output.
+  and yields it. Small quantized weights are grouped into one kernel launch (``checkpoint_stream``);
+  peak extra memory stays under twice the largest parameter.
 
 The per-tensor amax of a tensor-parallel linear is the maximum over its shards (ModelOpt does not
 sync NVFP4 weight amax across TP), which is the amax of the same weights at TP=1.
