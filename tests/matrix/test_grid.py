@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from html.parser import HTMLParser
+from pathlib import Path
+
+from patchkit.matrix import grid
 
 from patchkit.matrix.grid import (
     NATIVE,
@@ -103,6 +107,15 @@ def test_the_html_page_is_self_contained_and_titles_every_cell() -> None:
     assert ("verified", "vllm.refit on vllm 0.12.0: verified") in parser.cells
     assert ("native", "vllm.refit on vllm 0.16.0: native") in parser.cells
     assert len(parser.cells) == 5 and page.startswith("<!DOCTYPE html>")
+
+
+def test_the_html_page_inlines_every_rule_of_the_packaged_stylesheet() -> None:
+    stylesheet = (Path(grid.__file__).parent / grid.STYLESHEET).read_text(encoding="utf-8")
+    page = render_html(build(parse(MATRIX), _registry()))
+    (style,) = re.findall(r"<style>(.*)</style>", page)
+    assert "/*" not in style  # the stylesheet's own comment stays out of the page
+    for rule in ("td.verified { background: #2da44e; color: #fff; }", "th.release { writing-mode: vertical-rl;"):
+        assert rule in stylesheet and rule in style
 
 
 def test_the_catalogue_table_has_one_row_per_patch_with_its_checked_span() -> None:
