@@ -65,27 +65,32 @@ def test_tms_hook_mode_check_fails_with_upstreams_setter(monkeypatch):
     assert "keeps a hook mode set before it: expected preload, found torch" in verdict.message
 
 
-# --- megatron.routing_replay_keyword ---
+# --- patches whose check is verified when applied, and fails with upstream's code back ---
 
 
-def test_routing_replay_keyword_check_is_verified():
-    verdict = _applied_verdict("megatron.routing_replay_keyword")
+@pytest.mark.parametrize("patch_id", ["megatron.routing_replay_keyword", "megatron.output_processor",
+                                      "megatron.moe_recompute_release"])
+def test_the_check_of_the_applied_patch_is_verified(patch_id):
+    verdict = _applied_verdict(patch_id)
     assert verdict.verdict == VERIFIED, verdict.message
 
 
-@pytest.mark.breaks("megatron.routing_replay_keyword")
-def test_routing_replay_keyword_check_fails_with_upstreams_init():
-    verdict = _applied_verdict("megatron.routing_replay_keyword", as_upstream=True)
+@pytest.mark.parametrize("patch_id, expected", [
+    pytest.param("megatron.routing_replay_keyword",
+                 "TransformerConfig accepts enable_routing_replay=True: expected a config, found TypeError",
+                 marks=pytest.mark.breaks("megatron.routing_replay_keyword"), id="upstreams-config-init"),
+    pytest.param("megatron.moe_recompute_release",
+                 "no tensor with autograd history is reachable from the model (holders): expected [], found "
+                 "['decoder.layers.0.mlp.token_dispatcher.probs', 'decoder.layers.1.mlp.token_dispatcher.probs']",
+                 marks=pytest.mark.breaks("megatron.moe_recompute_release"), id="upstreams-dispatchers"),
+])
+def test_the_check_fails_with_upstreams_code_back(patch_id, expected):
+    verdict = _applied_verdict(patch_id, as_upstream=True)
     assert verdict.verdict == FAILED
-    assert "TransformerConfig accepts enable_routing_replay=True: expected a config, found TypeError" in verdict.message
+    assert expected in verdict.message, verdict.message
 
 
 # --- megatron.output_processor ---
-
-
-def test_output_processor_check_is_verified():
-    verdict = _applied_verdict("megatron.output_processor")
-    assert verdict.verdict == VERIFIED, verdict.message
 
 
 @pytest.mark.breaks("megatron.output_processor")
@@ -110,23 +115,6 @@ def test_output_processor_check_fails_without_the_hook(monkeypatch):
                        "processor's result, found TypeError"
     assert verdict.verdict == FAILED
     assert expected in verdict.message
-
-
-# --- megatron.moe_recompute_release ---
-
-
-def test_moe_recompute_release_check_is_verified():
-    verdict = _applied_verdict("megatron.moe_recompute_release")
-    assert verdict.verdict == VERIFIED, verdict.message
-
-
-@pytest.mark.breaks("megatron.moe_recompute_release")
-def test_moe_recompute_release_check_fails_with_upstreams_dispatchers():
-    verdict = _applied_verdict("megatron.moe_recompute_release", as_upstream=True)
-    assert verdict.verdict == FAILED
-    assert ("no tensor with autograd history is reachable from the model (holders): expected [], found "
-            "['decoder.layers.0.mlp.token_dispatcher.probs', 'decoder.layers.1.mlp.token_dispatcher.probs']"
-            in verdict.message)
 
 
 # --- megatron.tp_group_if_none_helper (native) ---
