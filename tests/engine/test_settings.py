@@ -31,7 +31,7 @@ def toy(engine, make_upstream):
     for patch_id in ("toy.forward", "toy.backward"):
         attr = patch_id.split(".")[1]
         engine.register(Patch(id=patch_id, summary="s", why="w", upstream="u", removal="r",
-                              variants=(Variant(requires={up.dist: ">=1"},
+                              variants=(Variant(requires={up.name: ">=1"},
                                                 installs=(Replace(up.target(f"Model.{attr}"), forward),)),)))
     return engine, core
 
