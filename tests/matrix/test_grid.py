@@ -7,7 +7,6 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 from patchkit.matrix import grid
-
 from patchkit.matrix.grid import (
     NATIVE,
     UNSUPPORTED,
@@ -26,7 +25,6 @@ from patchkit.runtime.declaration import Patch, Variant
 from .conftest import SMALL_MATRIX
 
 
-
 def _registry() -> list[Registered]:
     refit = Patch("vllm.refit", "Refit layers in place. More words.", "why", "up", "never",
                   (Variant({"vllm": ">=0.12,<0.16"}, ("x",)), Variant({"vllm": ">=0.16,<0.20"}, native="has it")))
@@ -37,8 +35,9 @@ def _registry() -> list[Registered]:
 
 def test_each_cell_says_verified_static_native_unsupported_or_untested() -> None:
     known_bad = "      - {versions: {vllm: '0.15.1'}, status: known-bad}"
-    matrix = parse(SMALL_MATRIX.replace(known_bad, known_bad + "\n      - {versions: {vllm: '0.11.0'}, status: unsupported}"
-                                                          "\n      - {versions: {vllm: '0.17.0'}, status: native}"))
+    matrix = parse(SMALL_MATRIX.replace(known_bad, known_bad
+                                        + "\n      - {versions: {vllm: '0.11.0'}, status: unsupported}"
+                                          "\n      - {versions: {vllm: '0.17.0'}, status: native}"))
     sections = {s.upstream: s for s in build(matrix, _registry())}
     assert list(sections) == ["megatron-core", "vllm"]  # the main upstreams in the README's order
     vllm = sections["vllm"]

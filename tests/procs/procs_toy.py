@@ -61,7 +61,8 @@ TOY_FILES = {
         'Replace("pkproc_toy.core:Model.forward", "._impl:forward")'),
     # A patch that fails at interpreter start: its target is imported by the declaration itself.
     "pkproc_toy/failing.py": _toy_declaration(
-        "toy.broken", "always fails", "start-up must survive it", 'Wrap("pkproc_toy.core:Model.forward", "._impl:broken")',
+        "toy.broken", "always fails", "start-up must survive it",
+        'Wrap("pkproc_toy.core:Model.forward", "._impl:broken")',
         prelude="import pkproc_toy.core  # so the patch installs, and fails, during autoload"),
     # A declaration module that starts a Python process while it is imported, i.e. during autoload.
     # Without the recursion guard that child would autoload, import this module, start another...
