@@ -1,12 +1,7 @@
 # ruff: noqa: E501
-"""Generated from the declaration modules by `patchkit matrix catalogue`: the catalogue's index.
+"""The catalogue's index, generated from the declaration modules by `patchkit matrix catalogue`: do not edit.
 
-Do not edit: the test suite and `patchkit matrix check` fail when this is out of step with the
-declarations. Read at start-up by patchkit.runtime.catalogue, which imports a declaration module only
-when one of its patches is about to install. Constants only, so its cached bytecode loads without
-running code. FOLDERS: each catalogue folder (relative, dotted) and its public names when this was
-written. DECLARATIONS: each declaration module (relative, dotted) and its patches, each
-(id, opt_in, ((distribution, import package), ...), the modules its variants install into).
+Read at start-up by patchkit.runtime.catalogue; patchkit.matrix.catalogue_index says what each constant holds.
 """
 
 FORMAT = 1

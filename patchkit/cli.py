@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 import patchkit
 
+from . import output_format
 from .doctor.cli import add_parser as add_doctor_parser
 from .runtime.errors import ConfigError, PatchkitError, PatchkitWarning
 
@@ -133,12 +134,6 @@ def _verbose(args: argparse.Namespace) -> bool:
     return bool(getattr(args, "verbose", False))
 
 
-def _format(args: argparse.Namespace) -> str:
-    if args.json and args.format not in (None, "json"):
-        raise ConfigError("--format", args.format, "json alone, or leave out --json", problem="in conflict with --json")
-    return "json" if args.json else (args.format or "text")
-
-
 def _list(args: argparse.Namespace) -> int:
     from .report import describe, patch_dict
 
@@ -175,7 +170,7 @@ def _status(args: argparse.Namespace) -> int:
     from .report import status_json, status_markdown, status_table
     from .upstream_output import captured, real_stderr
 
-    chosen = _format(args)
+    chosen = output_format.chosen(args)
     verbose = _verbose(args)
     eng = _registered()
     upstreams = _upstreams(eng)
@@ -275,9 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
                                  description="Apply the patches against what is installed, import the upstreams "
                                              "and report each patch's state. Exit status: 0 all well, 1 a patch "
                                              "failed or an upstream does not import, 2 a configuration error.")
-    status.add_argument("--json", action="store_true", help="machine-readable records (as --format json)")
-    status.add_argument("--format", choices=("text", "json", "markdown"), default=None,
-                        help="text (default), json, or markdown to paste into an issue")
+    output_format.add_options(status, json_help="machine-readable records (as --format json)")
     status.add_argument("--upstream-output", action="store_true",
                         help="after the report, show what upstreams printed while their modules were imported "
                              "(also shown with --verbose)")

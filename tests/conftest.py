@@ -10,6 +10,13 @@ from patchkit.selfcheck import patches_as_they_were
 
 
 @pytest.fixture
+def no_patchkit_switches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The switches that choose what applies (PATCHKIT_DISABLE, _ENABLE, _STRICT, _FORCE, _LOG_LEVEL) unset."""
+    for name in ("PATCHKIT_DISABLE", "PATCHKIT_ENABLE", "PATCHKIT_STRICT", "PATCHKIT_FORCE", "PATCHKIT_LOG_LEVEL"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
 def patches_restored() -> Iterator[None]:
     """Revert on exit every patch the test installed, or ``patchkit doctor`` installed for it.
 

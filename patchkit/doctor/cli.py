@@ -9,6 +9,7 @@ import os
 import sys
 from typing import Any
 
+from .. import output_format
 from ..report import WIDTH, lines_within, markdown_cell
 from ..upstream_output import real_stderr
 from . import environment
@@ -27,9 +28,7 @@ def add_parser(commands: Any, common: argparse.ArgumentParser) -> None:
         description="Apply what applies here (opt-in patches included), import the upstreams, run each "
                     "selected patch's self-check and report a verdict per patch. Exit status: 0 all well, "
                     "1 a check failed or an upstream does not import, 2 bad input or a configuration error.")
-    parser.add_argument("--json", action="store_true", help="machine-readable report on stdout (as --format json)")
-    parser.add_argument("--format", choices=("text", "json", "markdown"), default=None,
-                        help="text (default), json, or markdown to paste into an issue")
+    output_format.add_options(parser, json_help="machine-readable report on stdout (as --format json)")
     parser.add_argument("--patch", action="append", default=[], metavar="GLOB",
                         help="only the patches matching this id or glob (repeatable)")
     parser.add_argument("--device", default="auto",
@@ -42,14 +41,6 @@ def add_parser(commands: Any, common: argparse.ArgumentParser) -> None:
     parser.add_argument("--record", metavar="FILE",
                         help="write what was verified as compat-matrix records (merge with `patchkit matrix merge`)")
     parser.set_defaults(run=main, exit_process=exit_process)
-
-
-def output_format(args: argparse.Namespace) -> str:
-    if args.json and args.format not in (None, "json"):
-        from ..runtime.errors import ConfigError
-
-        raise ConfigError("--format", args.format, "json alone, or leave out --json", problem="in conflict with --json")
-    return "json" if args.json else (args.format or "text")
 
 
 def _table(verdicts: list[doctor.Verdict], facts: dict[str, Any], full: bool) -> str:
@@ -95,7 +86,7 @@ def main(args: argparse.Namespace) -> int:
 
     if not math.isfinite(args.timeout) or args.timeout <= 0:
         raise ConfigError("--timeout", str(args.timeout), "a positive number of seconds")
-    chosen = output_format(args)
+    chosen = output_format.chosen(args)
     if args.record:
         from .record import check_writable
 

@@ -15,7 +15,9 @@ of the upstream its variants require first (``megatron.tms_hook_mode``: megatron
 from __future__ import annotations
 
 import html
+import re
 from dataclasses import dataclass
+from importlib import resources
 from typing import Iterable, Mapping
 
 from ..runtime import pep440
@@ -136,26 +138,17 @@ def render_markdown(sections: list[Section]) -> str:
     return "\n".join(lines)
 
 
-_CSS = """
-body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 24px; color: #1b1f24; }
-h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 17px; margin: 28px 0 8px; }
-p.note { color: #57606a; margin: 0 0 12px; }
-table { border-collapse: collapse; margin-bottom: 8px; }
-th, td { border: 1px solid #d0d7de; padding: 3px 6px; text-align: center; white-space: nowrap; }
-th { background: #f6f8fa; font-weight: 600; }
-th.release { writing-mode: vertical-rl; transform: rotate(180deg); font-weight: 500; padding: 6px 3px; }
-td.patch { text-align: left; font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 13px; }
-td.patch em { font-family: system-ui, sans-serif; color: #57606a; font-size: 12px; }
-td.verified { background: #2da44e; color: #fff; } td.static { background: #aceebb; }
-td.native { background: #54aeff; color: #fff; } td.unsupported { background: #eaeef2; color: #8c959f; }
-td.untested { background: #fff8c5; }
-ul.legend { list-style: none; padding: 0; display: flex; flex-wrap: wrap; gap: 8px 18px; }
-ul.legend span { display: inline-block; width: 14px; height: 14px; border: 1px solid #d0d7de;
-  vertical-align: -2px; margin-right: 6px; }
-"""
+#: The HTML page's stylesheet, a data file of this package (shipped in the wheel).
+STYLESHEET = "grid.css"
 _SHORT = {VERIFIED: "✓", VERIFIED_STATIC: "s", NATIVE: "N", UNSUPPORTED: "–", UNTESTED: "?"}
 _SWATCH = {VERIFIED: "#2da44e", VERIFIED_STATIC: "#aceebb", NATIVE: "#54aeff", UNSUPPORTED: "#eaeef2",
            UNTESTED: "#fff8c5"}
+
+
+def _inline_style() -> str:
+    """The stylesheet as one line for the page's ``<style>``: its comments dropped, its whitespace collapsed."""
+    text = resources.files("patchkit.matrix").joinpath(STYLESHEET).read_text(encoding="utf-8")
+    return " ".join(re.sub(r"/\*.*?\*/", " ", text, flags=re.DOTALL).split())
 
 
 def render_html(sections: list[Section]) -> str:
@@ -163,7 +156,8 @@ def render_html(sections: list[Section]) -> str:
     esc = html.escape
     out = ["<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
            '<meta name="viewport" content="width=device-width, initial-scale=1">',
-           "<title>patchkit-rl compatibility grid</title>", f"<style>{_CSS}</style>", "</head>", "<body>",
+           "<title>patchkit-rl compatibility grid</title>", f"<style>{_inline_style()}</style>", "</head>",
+           "<body>",
            f"<!-- {esc(GENERATED)} -->",
            "<h1>patchkit-rl compatibility grid</h1>",
            '<p class="note">Every patch against every upstream release recorded in compat_matrix.yaml.</p>',

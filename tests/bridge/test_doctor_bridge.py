@@ -5,11 +5,11 @@ still says applied; a native claim fails when the upstream feature is taken away
 from __future__ import annotations
 
 import pytest
+from doctor_verdicts import bypassed_verdict, verdict_of
 
 import patchkit
 from patchkit.doctor import FAILED, VERIFIED, run
 from patchkit.runtime.status import Reason
-from patchkit.selfcheck import upstream_behaviour
 
 BRIDGE_PATCHES = (
     "bridge.modelopt_layer_spec", "bridge.quant_linear_parallelism", "bridge.skip_quantizer_params",
@@ -26,11 +26,6 @@ def applied_bridge():
         yield {s.id: s for s in statuses}
 
 
-def verdict_of(patch_id: str):
-    (verdict,) = run([patch_id], device="cpu")[0]
-    return verdict
-
-
 def test_every_bridge_check_is_verified(applied_bridge):
     found = {v.id: v for v in run(BRIDGE_PATCHES, device="cpu")[0]}
     assert {pid: found[pid].verdict for pid in BRIDGE_PATCHES} == dict.fromkeys(BRIDGE_PATCHES, VERIFIED), \
@@ -39,11 +34,8 @@ def test_every_bridge_check_is_verified(applied_bridge):
 
 def _bypassed(applied, patch_id: str, monkeypatch, take_native_away) -> object:
     """The verdict with upstream's code back (applied patch) or the native feature removed (native patch)."""
-    if applied[patch_id].reason is Reason.NATIVE:
-        take_native_away(monkeypatch)
-        return verdict_of(patch_id)
-    with upstream_behaviour(patch_id):
-        return verdict_of(patch_id)
+    return bypassed_verdict(patch_id, applied[patch_id].reason is Reason.NATIVE,
+                            lambda: take_native_away(monkeypatch))
 
 
 @pytest.mark.breaks("bridge.modelopt_layer_spec")

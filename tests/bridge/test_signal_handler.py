@@ -14,10 +14,11 @@ import signal
 import threading
 
 import pytest
+from doctor_verdicts import bypassed_verdict, verdict_of
 from patchkit.patches.bridge._checks.signal_handler_main_thread import enter_off_the_main_thread
 
 import patchkit
-from patchkit.doctor import FAILED, VERIFIED, run
+from patchkit.doctor import FAILED, VERIFIED
 from patchkit.runtime.status import Reason
 from patchkit.selfcheck import upstream_behaviour
 
@@ -108,13 +109,13 @@ def test_release_off_the_main_thread_of_a_handler_entered_there_changes_nothing(
 
 
 def test_signal_handler_check_is_verified(applied):
-    (verdict,) = run([PATCH], device="cpu")[0]
+    verdict = verdict_of(PATCH)
     assert verdict.verdict == VERIFIED, verdict.message
 
 
 @pytest.mark.breaks("bridge.signal_handler_main_thread")
 def test_signal_handler_check_fails_with_bridges_unguarded_enter(applied, monkeypatch):
-    if applied.reason is Reason.NATIVE:
+    def every_thread_is_main() -> None:
         # 0.6's guard reads threading.main_thread(): make every thread look like the main one.
         from megatron.bridge.training.utils import sig_utils
 
@@ -123,10 +124,8 @@ def test_signal_handler_check_fails_with_bridges_unguarded_enter(applied, monkey
             main_thread = staticmethod(threading.current_thread)
 
         monkeypatch.setattr(sig_utils, "threading", EveryThreadIsMain)
-        (verdict,) = run([PATCH], device="cpu")[0]
-    else:
-        with upstream_behaviour(PATCH):
-            (verdict,) = run([PATCH], device="cpu")[0]
+
+    verdict = bypassed_verdict(PATCH, applied.reason is Reason.NATIVE, every_thread_is_main)
     assert verdict.verdict == FAILED
     assert "DistributedSignalHandler entered in a worker thread: expected no error, found ValueError: signal only " \
         "works in main thread" in verdict.message, verdict.message

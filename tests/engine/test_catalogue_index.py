@@ -65,7 +65,7 @@ class ToyCatalogue:
         if path.parent != self.folder:
             (path.parent / "__init__.py").touch()
             (path.parent / "_impl.py").write_text(IMPL)
-        path.write_text(DECLARATION.format(id=patch_id, opt_in=opt_in, dist=self.upstream.dist,
+        path.write_text(DECLARATION.format(id=patch_id, opt_in=opt_in, dist=self.upstream.name,
                                            package=self.upstream.package, factory=factory,
                                            target=target or self.upstream.target("Model.forward")))
         self.forget()
@@ -216,7 +216,7 @@ def test_applying_after_the_upstream_import_installs_at_once_and_stays_idempoten
 def test_an_upstream_that_is_not_installed_is_skipped_without_importing_its_patches(toy_catalogue, tmp_path):
     toy_catalogue.declare("elsewhere", "toy.elsewhere")
     source = toy_catalogue.folder / "elsewhere.py"
-    source.write_text(source.read_text().replace(toy_catalogue.upstream.dist, "not-installed-dist")
+    source.write_text(source.read_text().replace(toy_catalogue.upstream.name, "not-installed-dist")
                       .replace(toy_catalogue.upstream.package, "not_installed_pkg"))
     toy_catalogue.write_index()
     engine = toy_catalogue.engine()
@@ -338,8 +338,8 @@ def test_a_lazily_loaded_patch_installs_all_or_nothing(toy_catalogue):
         from patchkit import Patch, Variant, Wrap
         PATCHES = (Patch(
             id="toy.pair", summary="s", why="w", upstream="u", removal="r",
-            version_modules={{{up.dist!r}: {up.package!r}}},
-            variants=(Variant(requires={{{up.dist!r}: ">=1"}}, installs=(
+            version_modules={{{up.name!r}: {up.package!r}}},
+            variants=(Variant(requires={{{up.name!r}: ">=1"}}, installs=(
                 Wrap({up.target("Model.forward")!r}, "._impl:plus_100"),
                 Wrap({up.target("Model.no_such_method")!r}, "._impl:plus_100"),
             )),),

@@ -158,6 +158,14 @@ def test_status_and_doctor_exit_2_on_a_configuration_error_said_once(command, va
     assert "PatchkitWarning" not in done.stderr and "config_error" not in done.stdout
 
 
+@pytest.mark.parametrize("command", [["status", "--no-import"], ["doctor"]])
+def test_json_and_another_format_together_are_refused_with_exit_2(command):
+    done = patchkit_command(*command, "--json", "--format", "markdown")
+    assert done.returncode == 2, done.stderr
+    assert "--format='markdown'" in done.stderr and "in conflict with --json" in done.stderr
+    assert done.stdout == ""
+
+
 def test_list_says_a_configuration_error_without_failing():
     done = patchkit_command("list", env={"PATCHKIT_LOG_LEVEL": "verbose"})
     assert done.returncode == 0 and "PATCHKIT_LOG_LEVEL='verbose'" in done.stderr

@@ -21,7 +21,7 @@ def test_sixteen_threads_apply_and_revert_end_consistent(engine, make_upstream):
     core = up.import_core()
     originals = {"forward": core.Model.__dict__["forward"], "compute": core.compute}
     engine.register(Patch(id="toy.a", summary="s", why="w", upstream="u", removal="r",
-                          variants=(Variant(requires={up.dist: ">=1"}, installs=(
+                          variants=(Variant(requires={up.name: ">=1"}, installs=(
                               Replace(up.target("Model.forward"), forward), Replace(up.target("compute"), compute))),)))
     start = threading.Barrier(16)
     errors = []

@@ -51,7 +51,7 @@ CURRENT: dict[str, str] = {}
 
 def toy_patch(up, patch_id: str, check, requires: str = ">=1") -> Patch:
     return Patch(id=patch_id, summary="s", why="w", upstream="u", removal="r", self_check=check,
-                 variants=(Variant(requires={up.dist: requires},
+                 variants=(Variant(requires={up.name: requires},
                                    installs=(Replace(up.target("Model.forward"), patched_forward),)),))
 
 
@@ -128,8 +128,8 @@ def test_recorded_verdicts_form_a_matrix_document_with_a_doctor_source(toy, tmp_
     out = tmp_path / "mine.yaml"
     assert write_records(out, verdicts, label="doctor:gpu-node-7") == 1
     matrix = parse(out.read_text(), str(out))
-    (record,) = matrix.patches["toy.forward"][f"{up.dist}>=1"]
-    assert record.verified_by == ("doctor:gpu-node-7",) and record.versions == {up.dist: "1.2.3"}
+    (record,) = matrix.patches["toy.forward"][f"{up.name}>=1"]
+    assert record.verified_by == ("doctor:gpu-node-7",) and record.versions == {up.name: "1.2.3"}
     assert record.targets[up.target("Model.forward")].fingerprint
 
 

@@ -9,6 +9,7 @@ their upstream's environment (tests/megatron, tests/bridge, tests/modelopt, test
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 from pathlib import Path
 
@@ -30,17 +31,19 @@ def functions_of(module_file: Path) -> set[str]:
     return {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
 
 
-def broken_tests() -> dict[str, list[str]]:
-    """patch id -> the tests marked ``@pytest.mark.breaks(<id>)``, from every test module's source."""
+@functools.lru_cache(maxsize=None)
+def broken_tests(tests: Path = TESTS) -> dict[str, list[str]]:
+    """patch id -> the tests marked ``@pytest.mark.breaks(<id>)``, from every test module's source: as a
+    decorator, or on a case of a parametrised test (``pytest.param(..., marks=pytest.mark.breaks(<id>))``)."""
     found: dict[str, list[str]] = {}
-    for path in sorted(TESTS.rglob("test_*.py")):
+    for path in sorted(tests.rglob("test_*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if not isinstance(node, ast.FunctionDef):
                 continue
-            for decorator in node.decorator_list:
-                if (isinstance(decorator, ast.Call) and ast.unparse(decorator.func) == "pytest.mark.breaks"
-                        and decorator.args and isinstance(decorator.args[0], ast.Constant)):
-                    found.setdefault(decorator.args[0].value, []).append(f"{path.relative_to(TESTS)}::{node.name}")
+            for call in (c for decorator in node.decorator_list for c in ast.walk(decorator)):
+                if (isinstance(call, ast.Call) and ast.unparse(call.func) == "pytest.mark.breaks"
+                        and call.args and isinstance(call.args[0], ast.Constant)):
+                    found.setdefault(call.args[0].value, []).append(f"{path.relative_to(tests)}::{node.name}")
     return found
 
 
@@ -66,6 +69,15 @@ def test_every_patch_has_a_test_that_breaks_it_and_expects_its_check_to_fail(reg
         f"no test is marked @pytest.mark.breaks({registered.patch.id!r}): write one that puts upstream's "
         "behaviour back (patchkit.selfcheck.upstream_behaviour, or take a native feature away) and expects "
         "the doctor's verdict 'failed' with expected and found")
+
+
+def test_a_breaks_mark_on_a_parametrised_case_counts(tmp_path):
+    (tmp_path / "test_toy.py").write_text(
+        "import pytest\n\n\n"
+        "@pytest.mark.parametrize('case', [pytest.param(1, marks=pytest.mark.breaks('toy.a')), 2])\n"
+        "def test_cases(case):\n    pass\n\n\n"
+        "@pytest.mark.breaks('toy.b')\ndef test_one():\n    pass\n", encoding="utf-8")
+    assert broken_tests(tmp_path) == {"toy.a": ["test_toy.py::test_cases"], "toy.b": ["test_toy.py::test_one"]}
 
 
 def test_every_breaks_marker_names_a_shipped_patch():

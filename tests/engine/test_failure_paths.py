@@ -57,7 +57,7 @@ def patched(self, x):
 
 def patch(patch_id, up, *actions):
     return Patch(id=patch_id, summary="s", why="w", upstream="u", removal="r",
-                 variants=(Variant(requires={up.dist: ">=1"}, installs=tuple(actions)),))
+                 variants=(Variant(requires={up.name: ">=1"}, installs=tuple(actions)),))
 
 
 def test_rollback_goes_on_past_a_failing_undo_keeps_both_errors_and_revert_finishes_it(engine, make_upstream):
@@ -150,7 +150,7 @@ def test_a_failure_armed_by_strict_apply_all_is_kept_after_a_non_strict_apply(en
     up = make_upstream()
     engine.register(patch("toy.broken", up, Wrap(up.target("Model.forward"), exploding_factory)))
     engine.register(Patch(id="toy.other", summary="s", why="w", upstream="u", removal="r", opt_in=True,
-                          variants=(Variant(requires={up.dist: ">=1"},
+                          variants=(Variant(requires={up.name: ">=1"},
                                             installs=(Replace(up.target("compute"), patched),)),)))
     engine.apply_all(strict=True)
     engine.apply("toy.other", strict=False)  # the engine is no longer strict: the hook failure is logged

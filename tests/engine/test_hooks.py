@@ -110,7 +110,7 @@ def test_engine_patch_installs_on_import_without_wrapt(make_upstream, engine) ->
 
     up = make_upstream("1.0")
     engine.register(Patch(id="toy.hooked", summary="s", why="w", upstream="u", removal="r",
-                          variants=(Variant({up.dist: ">=1"}, (Replace(up.target("Model.forward"), len),)),)))
+                          variants=(Variant({up.name: ">=1"}, (Replace(up.target("Model.forward"), len),)),)))
     (pending,) = engine.apply_all()
     assert pending.state is State.PENDING
     core = up.import_core()

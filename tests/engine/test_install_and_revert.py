@@ -26,7 +26,7 @@ def patched_scale(x):
 
 def make_patch(up, installs, patch_id="toy.multi", **kwargs) -> Patch:
     return Patch(id=patch_id, summary="s", why="w", upstream="u", removal="r",
-                 variants=(Variant(requires={up.dist: ">=1"}, installs=tuple(installs)),), **kwargs)
+                 variants=(Variant(requires={up.name: ">=1"}, installs=tuple(installs)),), **kwargs)
 
 
 def three_targets(up):

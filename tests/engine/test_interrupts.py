@@ -80,7 +80,7 @@ class Toy:
 
         def declare(patch_id: str, *actions: Any) -> Patch:
             return Patch(id=patch_id, summary="s", why="w", upstream="u", removal="r",
-                         variants=(Variant(requires={up.dist: ">=1"}, installs=actions),))
+                         variants=(Variant(requires={up.name: ">=1"}, installs=actions),))
 
         self.patches = (
             declare("toy.pair", Replace(up.target("Model.forward"), f"{impl}:forward"),

@@ -137,6 +137,16 @@ def test_every_source_package_ships_in_the_wheel(built):
     assert shipped - in_tree == set()
 
 
+@pytest.mark.slow
+def test_every_data_file_of_the_engine_ships_in_the_wheel(built):
+    """Files patchkit reads at run time beside its modules (the matrix, the grid page's stylesheet)."""
+    in_tree = {path.relative_to(ROOT).as_posix() for path in (ROOT / "patchkit").rglob("*")
+               if path.is_file() and path.suffix not in (".py", ".pyc") and "__pycache__" not in path.parts}
+    assert "patchkit/matrix/grid.css" in in_tree
+    with zipfile.ZipFile(built["wheel"]) as wheel:
+        assert in_tree - set(wheel.namelist()) == set(), "pyproject.toml's package-data misses these files"
+
+
 def test_the_wheel_and_the_sdist_carry_the_license_and_the_metadata(built):
     license_text = (ROOT / "LICENSE").read_text()
     assert "Apache License" in license_text and "Version 2.0, January 2004" in license_text

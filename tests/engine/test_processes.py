@@ -42,7 +42,7 @@ def run(code: str, **env: str) -> dict:
 
 
 def prelude(up, action="Replace", replacement="forward") -> str:
-    return PRELUDE.format(root=str(up.root), dist=up.dist, core=up.core, package=up.package,
+    return PRELUDE.format(root=str(up.root), dist=up.name, core=up.core, package=up.package,
                           action=action, replacement=replacement)
 
 
@@ -141,8 +141,8 @@ PATCHES = (_patch("extra.first"), _patch("extra.twice"), _patch("extra.twice"))
 def extra(make_upstream):
     up = make_upstream()
     (up.root / up.package / "chatty.py").write_text(EXTRA_TARGET)
-    (up.root / up.package / "decl.py").write_text(EXTRA_DECLARATION.format(dist=up.dist, package=up.package))
-    (up.root / up.package / "twice.py").write_text(TWICE_DECLARATION.format(dist=up.dist, package=up.package))
+    (up.root / up.package / "decl.py").write_text(EXTRA_DECLARATION.format(dist=up.name, package=up.package))
+    (up.root / up.package / "twice.py").write_text(TWICE_DECLARATION.format(dist=up.name, package=up.package))
     env = {k: v for k, v in os.environ.items() if not k.startswith("PATCHKIT_")}
     env["PYTHONPATH"] = os.pathsep.join([str(up.root), *filter(None, [env.get("PYTHONPATH")])])
     return up, env

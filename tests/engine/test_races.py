@@ -56,7 +56,7 @@ sync.during_import()
 def _toy_patch(up) -> Patch:
     action = Replace(up.target("Model.forward"), forward)
     return Patch(id="toy.forward", summary="s", why="w", upstream="u", removal="r",
-                 variants=(Variant(requires={up.dist: ">=1"}, installs=(action,)),))
+                 variants=(Variant(requires={up.name: ">=1"}, installs=(action,)),))
 
 
 def _rewrite(up, core: str) -> None:
@@ -197,7 +197,7 @@ def test_two_threads_importing_one_through_an_implementation_module_do_not_deadl
     up = make_upstream()
     for name, text in DEADLOCK_FILES.items():
         (up.root / up.package / name).write_text(text)
-    script = DEADLOCK_SCRIPT.format(root=str(up.root), dist=up.dist, pkg=up.package)
+    script = DEADLOCK_SCRIPT.format(root=str(up.root), dist=up.name, pkg=up.package)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     seen = json.loads(result.stdout)

@@ -31,7 +31,7 @@ def toy(engine, make_upstream):
     for patch_id in ("toy.forward", "toy.backward"):
         attr = patch_id.split(".")[1]
         engine.register(Patch(id=patch_id, summary="s", why="w", upstream="u", removal="r",
-                              variants=(Variant(requires={up.dist: ">=1"},
+                              variants=(Variant(requires={up.name: ">=1"},
                                                 installs=(Replace(up.target(f"Model.{attr}"), forward),)),)))
     return engine, core
 
@@ -69,6 +69,15 @@ SWITCHES_MALFORMED = [
     ("PATCHKIT_AUTOLOAD", "maybe", "accepted: 1, true"),
 ]
 
+#: Not a level name, nor a number logging knows.
+BAD_LOG_LEVELS = (
+    "verbose",
+    "\u00b2",  # '²': str.isdigit() says yes
+    "\uff11\uff10",  # full-width '１０'
+    "\u0663",  # Arabic-Indic '٣': int() reads 3
+    "51",
+)
+
 #: Everything else: a bad value costs only what it is about, every patch still applies.
 LOCAL_MALFORMED = [
     ("PATCHKIT_FORCE", "toy.forward=1", "bad entry", "nothing forced"),
@@ -77,11 +86,7 @@ LOCAL_MALFORMED = [
     ("PATCHKIT_STRICT", "2", "accepted: 1, true", "strict mode is off"),
     ("PATCHKIT_STRICT", " ", "whitespace only", "strict mode is off"),
     ("PATCHKIT_OPT_IN", "toy/forward", "bad entry", "no opt-in patch"),
-    ("PATCHKIT_LOG_LEVEL", "verbose", "accepted: DEBUG", "keeps its level"),
-    ("PATCHKIT_LOG_LEVEL", "\u00b2", "accepted: DEBUG", "keeps its level"),  # '²': str.isdigit() says yes
-    ("PATCHKIT_LOG_LEVEL", "\uff11\uff10", "accepted: DEBUG", "keeps its level"),  # full-width '１０'
-    ("PATCHKIT_LOG_LEVEL", "\u0663", "accepted: DEBUG", "keeps its level"),  # Arabic-Indic '٣': int() reads 3
-    ("PATCHKIT_LOG_LEVEL", "51", "accepted: DEBUG", "keeps its level"),
+    *(("PATCHKIT_LOG_LEVEL", level, "accepted: DEBUG", "keeps its level") for level in BAD_LOG_LEVELS),
     ("PATCHKIT_LOG_LEVEL", " ", "whitespace only", "keeps its level"),
     ("PATCHKIT_EXTRA_PATCHES", "a,,b", "empty entry", "no extra declaration module"),
     ("PATCHKIT_EXTRA_PATCHES", "a/b", "bad entry", "no extra declaration module"),

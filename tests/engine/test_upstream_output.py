@@ -71,7 +71,7 @@ def test_doctor_keeps_each_checks_upstream_output_with_its_verdict(engine, make_
     up = make_upstream()
     engine.register(Patch(id="toy.noisy", summary="s", why="w", upstream="u", removal="r",
                           self_check=prints_a_lot,
-                          variants=(Variant(requires={up.dist: ">=1"},
+                          variants=(Variant(requires={up.name: ">=1"},
                                             installs=(Replace(up.target("Model.forward"), lambda self, x: x),)),)))
     report = io.StringIO()
     (verdict,), facts = run(engine=engine, device="cpu", quiet=report)

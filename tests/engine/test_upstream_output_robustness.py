@@ -274,7 +274,7 @@ PATCHES = (Patch(id="extra.chatty_check", summary="s", why="w", upstream="u", re
 
 def test_a_timed_out_check_that_keeps_printing_cannot_write_into_doctor_json(make_upstream):
     up = make_upstream()
-    (up.root / up.package / "chatty_decl.py").write_text(CHATTY_CHECK.format(dist=up.dist, package=up.package))
+    (up.root / up.package / "chatty_decl.py").write_text(CHATTY_CHECK.format(dist=up.name, package=up.package))
     env = {k: v for k, v in os.environ.items() if not k.startswith("PATCHKIT_")}
     env["PYTHONPATH"] = os.pathsep.join([str(up.root), *filter(None, [env.get("PYTHONPATH")])])
     env["PATCHKIT_EXTRA_PATCHES"] = f"{up.package}.chatty_decl"

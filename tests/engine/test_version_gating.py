@@ -28,9 +28,9 @@ def two_variant_patch(up, *, extra_requires=None) -> Patch:
     extra = extra_requires or {}
     return toy_patch(
         "toy.forward",
-        Variant(requires={up.dist: ">=1.0,<2.0", **extra}, installs=forward_replaced_by(up, old_forward)),
-        Variant(requires={up.dist: ">=2.0,<3.0", **extra}, installs=forward_replaced_by(up, new_forward)),
-        version_modules={up.dist: up.package},
+        Variant(requires={up.name: ">=1.0,<2.0", **extra}, installs=forward_replaced_by(up, old_forward)),
+        Variant(requires={up.name: ">=2.0,<3.0", **extra}, installs=forward_replaced_by(up, new_forward)),
+        version_modules={up.name: up.package},
     )
 
 
@@ -49,7 +49,7 @@ def test_variant_selected_by_installed_version(engine, make_upstream, version, e
     core = up.import_core()
     (record,) = [r for r in engine.apply_all() if r.id == "toy.forward"]
     assert record.state is State.APPLIED
-    assert record.versions == {up.dist: version}
+    assert record.versions == {up.name: version}
     assert core.Model.__dict__["forward"] is expected
 
 
@@ -69,21 +69,21 @@ def test_version_outside_every_range_is_skipped_and_untouched(engine, make_upstr
 def test_every_distribution_of_a_rule_must_hold(engine, make_upstream):
     up = make_upstream("1.5")
     other = make_upstream("0.3")
-    patch = two_variant_patch(up, extra_requires={other.dist: ">=0.4"})
+    patch = two_variant_patch(up, extra_requires={other.name: ">=0.4"})
     engine.register(patch)
     up.import_core()
     (record,) = engine.apply_all()
     assert record.state is State.SKIPPED and record.reason is Reason.UNSUPPORTED_VERSION
-    assert record.versions == {up.dist: "1.5", other.dist: "0.3"}
+    assert record.versions == {up.name: "1.5", other.name: "0.3"}
 
 
 def test_several_distributions_in_one_rule_all_holding(engine, make_upstream):
     up = make_upstream("2.2")
     other = make_upstream("0.5")
-    engine.register(two_variant_patch(up, extra_requires={other.dist: ">=0.4"}))
+    engine.register(two_variant_patch(up, extra_requires={other.name: ">=0.4"}))
     core = up.import_core()
     (record,) = engine.apply_all()
-    assert record.state is State.APPLIED and record.variant == f"{up.dist}>=2.0,<3.0;{other.dist}>=0.4"
+    assert record.state is State.APPLIED and record.variant == f"{up.name}>=2.0,<3.0;{other.name}>=0.4"
     assert core.Model.__dict__["forward"] is new_forward
 
 
@@ -107,7 +107,7 @@ def test_metadata_missing_uses_dunder_version_once_imported(engine, make_upstrea
     assert record.state is State.PENDING and up.package in record.detail
     core = up.import_core()
     (record,) = engine.status()
-    assert record.state is State.APPLIED and record.versions == {up.dist: "2.4.0"}
+    assert record.state is State.APPLIED and record.versions == {up.name: "2.4.0"}
     assert core.Model.__dict__["forward"] is new_forward
 
 
@@ -115,8 +115,8 @@ def test_native_variant_installs_nothing(engine, make_upstream):
     up = make_upstream("3.1")
     patch = toy_patch(
         "toy.native",
-        Variant(requires={up.dist: "<3"}, installs=forward_replaced_by(up, new_forward)),
-        Variant(requires={up.dist: ">=3"}, native="upstream does this since 3.0"),
+        Variant(requires={up.name: "<3"}, installs=forward_replaced_by(up, new_forward)),
+        Variant(requires={up.name: ">=3"}, native="upstream does this since 3.0"),
     )
     engine.register(patch)
     core = up.import_core()
@@ -133,7 +133,7 @@ def test_force_applies_nearest_variant_and_says_so(engine, make_upstream):
     core = up.import_core()
     (record,) = engine.apply_all(force="toy.forward")
     assert record.state is State.FORCED and record.reason is Reason.UNSUPPORTED_VERSION
-    assert record.variant == f"{up.dist}>=2.0,<3.0"
+    assert record.variant == f"{up.name}>=2.0,<3.0"
     assert core.Model.__dict__["forward"] is new_forward
 
 
@@ -141,8 +141,8 @@ def test_overlapping_variants_are_a_declaration_error(engine, make_upstream):
     up = make_upstream("1.5")
     patch = toy_patch(
         "toy.overlap",
-        Variant(requires={up.dist: ">=1"}, installs=forward_replaced_by(up, new_forward)),
-        Variant(requires={up.dist: ">=1.4"}, installs=forward_replaced_by(up, old_forward)),
+        Variant(requires={up.name: ">=1"}, installs=forward_replaced_by(up, new_forward)),
+        Variant(requires={up.name: ">=1.4"}, installs=forward_replaced_by(up, old_forward)),
     )
     engine.register(patch)
     up.import_core()
@@ -176,33 +176,11 @@ def _engine(patch, matrix):
     return Engine([Registered(patch, None)], matrix=None if matrix is None else source(matrix))
 
 
-def _moved(like, version, monkeypatch, *, change=None):
-    """Another release of ``like`` (same distribution and package) in front on sys.path; the same
-    code except ``change`` and its ``__version__`` line."""
-    import dataclasses
-    import shutil
-    import sys
-
-    root = like.root.parent / f"{like.root.name}-{version}"
-    shutil.copytree(like.root / like.package, root / like.package)
-    core = root / like.package / "core.py"
-    text = core.read_text().replace(f'__version__ = "{like.version}"', f'__version__ = "{version}"')
-    core.write_text(text.replace(*change) if change else text)
-    info = root / f"{like.dist.replace('-', '_')}-{version}.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {like.dist}\nVersion: {version}\n")
-    for name in [m for m in sys.modules if m == like.package or m.startswith(like.package + ".")]:
-        del sys.modules[name]
-    monkeypatch.syspath_prepend(str(root))
-    return dataclasses.replace(like, version=version, root=root)
-
-
 @pytest.mark.parametrize("version", ["3.0", "3.7.1", "3.0.0rc1", "4.0.0.dev2"])
-def test_a_release_past_every_range_with_identical_code_applies_as_code_identical(make_upstream, tmp_path,
-                                                                                   monkeypatch, version):
-    verified = make_upstream("2.5", dist="toyup-ident")
+def test_a_release_past_every_range_with_identical_code_applies_as_code_identical(make_upstream, tmp_path, version):
+    verified = make_upstream("2.5", name="toyup-ident")
     matrix = _recorded(tmp_path, two_variant_patch(verified), verified)
-    up = _moved(verified, version, monkeypatch)
+    up = make_upstream(version, like=verified)
     engine = _engine(two_variant_patch(up), matrix)
     try:
         (pending,) = engine.apply_all()
@@ -217,11 +195,10 @@ def test_a_release_past_every_range_with_identical_code_applies_as_code_identica
         engine.revert_all()
 
 
-def test_a_changed_target_keeps_a_release_past_every_range_skipped_and_names_it(make_upstream, tmp_path,
-                                                                                 monkeypatch) -> None:
-    verified = make_upstream("2.5", dist="toyup-changed")
+def test_a_changed_target_keeps_a_release_past_every_range_skipped_and_names_it(make_upstream, tmp_path) -> None:
+    verified = make_upstream("2.5", name="toyup-changed")
     matrix = _recorded(tmp_path, two_variant_patch(verified), verified)
-    up = _moved(verified, "3.1", monkeypatch, change=("return x + 1", "return x + 2"))
+    up = make_upstream("3.1", like=verified, change=("return x + 1", "return x + 2"))
     engine = _engine(two_variant_patch(up), matrix)
     engine.apply_all()
     core = up.import_core()
@@ -231,13 +208,12 @@ def test_a_changed_target_keeps_a_release_past_every_range_skipped_and_names_it(
     assert "forward" not in {k for k, v in core.Model.__dict__.items() if v in (new_forward, old_forward)}
 
 
-def test_strict_mode_raises_for_a_changed_release_and_force_still_forces(make_upstream, tmp_path,
-                                                                         monkeypatch) -> None:
+def test_strict_mode_raises_for_a_changed_release_and_force_still_forces(make_upstream, tmp_path) -> None:
     from patchkit import UnsupportedVersionError
 
-    verified = make_upstream("2.5", dist="toyup-strict")
+    verified = make_upstream("2.5", name="toyup-strict")
     matrix = _recorded(tmp_path, two_variant_patch(verified), verified)
-    up = _moved(verified, "3.1", monkeypatch, change=("return x + 1", "return x + 2"))
+    up = make_upstream("3.1", like=verified, change=("return x + 1", "return x + 2"))
     engine = _engine(two_variant_patch(up), matrix)
     up.import_core()
     with pytest.raises(UnsupportedVersionError) as caught:
@@ -249,16 +225,15 @@ def test_strict_mode_raises_for_a_changed_release_and_force_still_forces(make_up
     forced_engine.revert_all()
 
 
-def test_code_identity_needs_records_and_never_fills_a_gap_between_ranges(make_upstream, tmp_path,
-                                                                          monkeypatch) -> None:
-    verified = make_upstream("2.5", dist="toyup-gap")
+def test_code_identity_needs_records_and_never_fills_a_gap_between_ranges(make_upstream, tmp_path) -> None:
+    verified = make_upstream("2.5", name="toyup-gap")
     matrix = _recorded(tmp_path, two_variant_patch(verified), verified)
     # no records at all (the shipped index knows no toy patch): known before anything is imported
-    up = make_upstream("3.1", dist="toyup-norecord")
+    up = make_upstream("3.1", name="toyup-norecord")
     (record,) = _engine(two_variant_patch(up), None).apply_all()
     assert record.state is State.SKIPPED and "no fingerprint recorded" in record.detail
     # 0.9 is below every range: a gap, not a new release
-    low = _moved(verified, "0.9", monkeypatch)
+    low = make_upstream("0.9", like=verified)
     low.import_core()
     (record,) = _engine(two_variant_patch(low), matrix).apply_all()
     assert record.state is State.SKIPPED and "code" not in record.detail
@@ -269,8 +244,8 @@ def test_code_identity_needs_records_and_never_fills_a_gap_between_ranges(make_u
 def _native_from_3(up) -> Patch:
     return toy_patch(
         "toy.native",
-        Variant(requires={up.dist: "<2"}, installs=forward_replaced_by(up, new_forward)),
-        Variant(requires={up.dist: ">=3,<4"}, native="upstream renumbers experts itself since 3.0"),
+        Variant(requires={up.name: "<2"}, installs=forward_replaced_by(up, new_forward)),
+        Variant(requires={up.name: ">=3,<4"}, native="upstream renumbers experts itself since 3.0"),
     )
 
 
@@ -337,7 +312,7 @@ def test_one_pass_reads_each_distributions_version_once_and_the_next_pass_reads_
     real = entries.installed_version
     monkeypatch.setattr(entries, "installed_version", lambda dist, module: asked.append(dist) or real(dist, module))
     engine.apply_all()
-    assert asked == [up.dist]
+    assert asked == [up.name]
     engine.revert_all()
     engine.apply_all()
-    assert asked == [up.dist, up.dist]
+    assert asked == [up.name, up.name]

@@ -1,24 +1,13 @@
-"""Fixtures for the matrix tooling: real distributions written to temp folders on ``sys.path``.
-
-``make_dist`` writes a package and a ``<name>-<version>.dist-info`` that ``importlib.metadata``
-reads, so the engine, ``record`` and the fingerprints see an installed upstream. A second call with
-the same names and changed source is the "modified copy in a temp dir on sys.path": it is put in
-front, and the modules of the earlier copy are dropped from ``sys.modules``.
-"""
+"""Fixtures for the matrix tooling: real distributions written to temp folders on ``sys.path``
+(``tests/toy_distributions.py``), so the engine, ``record`` and the fingerprints see an installed upstream."""
 
 from __future__ import annotations
 
-import importlib
-import itertools
-import sys
-import textwrap
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
-
-_counter = itertools.count()
+from toy_distributions import ToyDistribution, ToySites
 
 SOURCE = '''
 class Model:
@@ -40,58 +29,42 @@ def compute(x, scale=10):
     return x * scale
 '''
 
+#: The matrix the table and the grid are rendered from: a vLLM patch with a release verified by tests, one
+#: checked statically, one native and one known bad, and a megatron-core patch verified on one release.
+SMALL_MATRIX = """schema: 1
+environments:
+  e: {install: [], tests: [t]}
+patches:
+  vllm.refit:
+    'vllm>=0.12,<0.16':
+      - {versions: {vllm: '0.13.0'}, status: verified, verified_by: [static]}
+      - {versions: {vllm: '0.12.0'}, status: verified, verified_by: ['tests:e']}
+    'vllm>=0.16,<0.20':
+      - {versions: {vllm: '0.16.0'}, status: native}
+      - {versions: {vllm: '0.15.1'}, status: known-bad}
+  megatron.fix:
+    'megatron-core>=0.14,<0.20':
+      - {versions: {megatron-core: '0.14.0'}, status: verified, verified_by: ['tests:e']}
+"""
 
-@dataclass
-class Dist:
-    name: str
-    package: str
-    version: str
-    root: Path
 
-    @property
-    def core(self) -> str:
-        return f"{self.package}.core"
-
-    def target(self, qualname: str) -> str:
-        return f"{self.core}:{qualname}"
-
-
-def _purge(package: str) -> None:
-    for name in [m for m in sys.modules if m == package or m.startswith(package + ".")]:
-        del sys.modules[name]
+#: A toy upstream of the matrix tests (``name`` is its distribution).
+Dist = ToyDistribution
 
 
 @pytest.fixture
 def make_dist(tmp_path: Path) -> Iterator[Callable[..., Dist]]:
-    roots: list[Path] = []
-    packages: set[str] = set()
+    """``make(version, source, like=None)``: a toy upstream whose ``core`` is ``source``; ``like`` an earlier one,
+    the same distribution and package again (the modified copy in front on ``sys.path``)."""
+    sites = ToySites(tmp_path, "mx")
 
     def make(version: str = "1.2.3", source: str = SOURCE, like: Dist | None = None) -> Dist:
-        n = next(_counter)
-        name, package = (like.name, like.package) if like else (f"mxdist{n}", f"mxpkg{n}")
-        root = tmp_path / f"site{n}"
-        (root / package).mkdir(parents=True)
-        (root / package / "__init__.py").write_text(f'__version__ = "{version}"\n')
-        (root / package / "core.py").write_text(textwrap.dedent(source))
-        info = root / f"{name}-{version}.dist-info"
-        info.mkdir()
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
-        _purge(package)
-        sys.path.insert(0, str(root))
-        importlib.invalidate_caches()
-        roots.append(root)
-        packages.add(package)
-        return Dist(name, package, version, root)
+        return sites.make(version, source, like=like)
 
     yield make
-    for root in roots:
-        sys.path.remove(str(root))
-    for package in packages:
-        _purge(package)
-    importlib.invalidate_caches()
+    sites.close()
 
 
 @pytest.fixture(autouse=True)
-def _clean_patchkit_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("PATCHKIT_DISABLE", "PATCHKIT_ENABLE", "PATCHKIT_STRICT", "PATCHKIT_FORCE", "PATCHKIT_LOG_LEVEL"):
-        monkeypatch.delenv(name, raising=False)
+def _clean_patchkit_env(no_patchkit_switches: None) -> None:
+    """Every test here runs without the switches of the shell that started it."""

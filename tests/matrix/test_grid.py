@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from html.parser import HTMLParser
+from pathlib import Path
 
+from patchkit.matrix import grid
 from patchkit.matrix.grid import (
     NATIVE,
     UNSUPPORTED,
@@ -19,21 +22,7 @@ from patchkit.matrix.table import CATALOGUE_END, CATALOGUE_START, render_catalog
 from patchkit.runtime.catalogue import Registered
 from patchkit.runtime.declaration import Patch, Variant
 
-MATRIX = """schema: 1
-environments:
-  e: {install: [], tests: [t]}
-patches:
-  vllm.refit:
-    'vllm>=0.12,<0.16':
-      - {versions: {vllm: '0.13.0'}, status: verified, verified_by: [static]}
-      - {versions: {vllm: '0.12.0'}, status: verified, verified_by: ['tests:e']}
-    'vllm>=0.16,<0.20':
-      - {versions: {vllm: '0.16.0'}, status: native}
-      - {versions: {vllm: '0.15.1'}, status: known-bad}
-  megatron.fix:
-    'megatron-core>=0.14,<0.20':
-      - {versions: {megatron-core: '0.14.0'}, status: verified, verified_by: ['tests:e']}
-"""
+from .conftest import SMALL_MATRIX
 
 
 def _registry() -> list[Registered]:
@@ -46,8 +35,9 @@ def _registry() -> list[Registered]:
 
 def test_each_cell_says_verified_static_native_unsupported_or_untested() -> None:
     known_bad = "      - {versions: {vllm: '0.15.1'}, status: known-bad}"
-    matrix = parse(MATRIX.replace(known_bad, known_bad + "\n      - {versions: {vllm: '0.11.0'}, status: unsupported}"
-                                                          "\n      - {versions: {vllm: '0.17.0'}, status: native}"))
+    matrix = parse(SMALL_MATRIX.replace(known_bad, known_bad
+                                        + "\n      - {versions: {vllm: '0.11.0'}, status: unsupported}"
+                                          "\n      - {versions: {vllm: '0.17.0'}, status: native}"))
     sections = {s.upstream: s for s in build(matrix, _registry())}
     assert list(sections) == ["megatron-core", "vllm"]  # the main upstreams in the README's order
     vllm = sections["vllm"]
@@ -64,7 +54,7 @@ def test_each_cell_says_verified_static_native_unsupported_or_untested() -> None
 
 
 def test_a_release_no_record_names_is_untested_inside_a_range_and_unsupported_outside() -> None:
-    matrix = parse(MATRIX + "  other.patch:\n    'vllm>=0.30':\n"
+    matrix = parse(SMALL_MATRIX + "  other.patch:\n    'vllm>=0.30':\n"
                    "      - {versions: {vllm: '0.14.0'}, status: unsupported}\n"
                    "      - {versions: {vllm: '0.25.0'}, status: unsupported}\n")
     vllm = {s.upstream: s for s in build(matrix, _registry())}["vllm"]
@@ -74,7 +64,7 @@ def test_a_release_no_record_names_is_untested_inside_a_range_and_unsupported_ou
 
 
 def test_the_markdown_page_has_a_table_per_upstream_and_marks_opt_ins() -> None:
-    page = render_markdown(build(parse(MATRIX), _registry()))
+    page = render_markdown(build(parse(SMALL_MATRIX), _registry()))
     assert "## vllm\n\n| patch | 0.12.0 | 0.13.0 | 0.15.1 | 0.16.0 |\n|---|---|---|---|---|" in page
     assert "| `vllm.refit` | ✅ | ☑️ | ⛔ | 🟦 |" in page
     assert "| `megatron.fix` *(opt-in)* | ✅ |" in page
@@ -96,7 +86,7 @@ class _Cells(HTMLParser):
 
 
 def test_the_html_page_is_self_contained_and_titles_every_cell() -> None:
-    page = render_html(build(parse(MATRIX), _registry()))
+    page = render_html(build(parse(SMALL_MATRIX), _registry()))
     parser = _Cells()
     parser.feed(page)
     assert parser.external == []
@@ -105,11 +95,20 @@ def test_the_html_page_is_self_contained_and_titles_every_cell() -> None:
     assert len(parser.cells) == 5 and page.startswith("<!DOCTYPE html>")
 
 
+def test_the_html_page_inlines_every_rule_of_the_packaged_stylesheet() -> None:
+    stylesheet = (Path(grid.__file__).parent / grid.STYLESHEET).read_text(encoding="utf-8")
+    page = render_html(build(parse(SMALL_MATRIX), _registry()))
+    (style,) = re.findall(r"<style>(.*)</style>", page)
+    assert "/*" not in style  # the stylesheet's own comment stays out of the page
+    for rule in ("td.verified { background: #2da44e; color: #fff; }", "th.release { writing-mode: vertical-rl;"):
+        assert rule in stylesheet and rule in style
+
+
 def test_the_catalogue_table_has_one_row_per_patch_with_its_checked_span() -> None:
-    table = render_catalogue(parse(MATRIX), _registry())
+    table = render_catalogue(parse(SMALL_MATRIX), _registry())
     assert "| `vllm.refit` | vllm | 0.12.0 – 0.16.0 | on | Refit layers in place |" in table
     assert "| `megatron.fix` | megatron-core | 0.14.0 | opt-in | Fix a thing \\| with a pipe |" in table
     readme = f"# T\n\n{CATALOGUE_START}\nold\n{CATALOGUE_END}\n\nafter\n"
-    updated = update_catalogue(readme, parse(MATRIX), _registry())
+    updated = update_catalogue(readme, parse(SMALL_MATRIX), _registry())
     assert updated.startswith(f"# T\n\n{CATALOGUE_START}\n<!-- generated")
     assert updated.endswith(f"{CATALOGUE_END}\n\nafter\n")

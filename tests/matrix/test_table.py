@@ -10,52 +10,41 @@ from patchkit.cli import main
 from patchkit.matrix.schema import parse
 from patchkit.matrix.table import END, START, render, update
 
-MATRIX = """schema: 1
-environments:
-  e: {install: [], tests: [t]}
-patches:
-  vllm.refit:
-    'vllm>=0.12,<0.16':
-      - {versions: {vllm: '0.13.0'}, status: verified, verified_by: [static]}
-      - {versions: {vllm: '0.12.0'}, status: verified, verified_by: ['tests:e']}
-    'vllm>=0.16':
-      - {versions: {vllm: '0.16.0'}, status: native}
-      - {versions: {vllm: '0.15.1'}, status: known-bad}
-"""
+from .conftest import SMALL_MATRIX
 
 README = f"# Title\n\nIntro.\n\n{START}\nold table\n{END}\n\n## After\n"
 
 
 def test_table_lists_each_variant_with_its_versions_in_order() -> None:
-    table = render(parse(MATRIX))
+    table = render(parse(SMALL_MATRIX))
     assert "| `vllm.refit` | `vllm>=0.12,<0.16` | vllm 0.12.0; static only: 0.13.0 | — | — |" in table
-    assert "| `vllm.refit` | `vllm>=0.16` | — | vllm 0.16.0 | vllm 0.15.1 |" in table
-    only_static = render(parse(MATRIX.replace("['tests:e']", "[static]")))
+    assert "| `vllm.refit` | `vllm>=0.16,<0.20` | — | vllm 0.16.0 | vllm 0.15.1 |" in table
+    only_static = render(parse(SMALL_MATRIX.replace("['tests:e']", "[static]")))
     assert "| `vllm.refit` | `vllm>=0.12,<0.16` | vllm 0.12.0, 0.13.0 (static only) | — | — |" in only_static
 
 
 def test_a_labelled_variant_shows_its_declared_range() -> None:
-    matrix = parse(MATRIX.replace("'vllm>=0.16':", "native-reload:"))
-    table = render(matrix, {("vllm.refit", "native-reload"): "vllm>=0.16"})
-    assert "| `vllm.refit` | `native-reload` (vllm>=0.16) | — | vllm 0.16.0 | vllm 0.15.1 |" in table
+    matrix = parse(SMALL_MATRIX.replace("'vllm>=0.16,<0.20':", "native-reload:"))
+    table = render(matrix, {("vllm.refit", "native-reload"): "vllm>=0.16,<0.20"})
+    assert "| `vllm.refit` | `native-reload` (vllm>=0.16,<0.20) | — | vllm 0.16.0 | vllm 0.15.1 |" in table
 
 
 def test_only_the_text_between_the_markers_is_rewritten() -> None:
-    updated = update(README, parse(MATRIX))
+    updated = update(README, parse(SMALL_MATRIX))
     assert updated.startswith(f"# Title\n\nIntro.\n\n{START}\n") and updated.endswith(f"{END}\n\n## After\n")
     assert "old table" not in updated
-    assert update(updated, parse(MATRIX)) == updated
+    assert update(updated, parse(SMALL_MATRIX)) == updated
 
 
 def test_a_readme_without_markers_is_refused() -> None:
     with pytest.raises(ValueError, match="no <!-- compat-table:start -->"):
-        update("# Title\n", parse(MATRIX))
+        update("# Title\n", parse(SMALL_MATRIX))
 
 
 def test_check_mode_fails_on_a_stale_table_and_passes_once_written(tmp_path: Path, capsys) -> None:
     readme, matrix = tmp_path / "README.md", tmp_path / "compat_matrix.yaml"
     readme.write_text(README)
-    matrix.write_text(MATRIX)
+    matrix.write_text(SMALL_MATRIX)
     args = ["matrix", "table", "--readme", str(readme), "--matrix", str(matrix)]
     assert main([*args, "--check"]) == 1
     assert readme.read_text() == README and "is stale" in capsys.readouterr().out

@@ -34,14 +34,20 @@ def _run_check(patch_id: str, check, native: bool = False) -> None:
     check(CheckContext(patch_id, native=native))
 
 
-@pytest.mark.breaks("megatron.dist_ckpt_blocking_d2h")
-def test_async_writer_preload_copies_blocking_and_the_async_save_loads_back():
-    patch_id = "megatron.dist_ckpt_blocking_d2h"
+def _applies_and_its_check_fails_as_upstream(patch_id: str, check, error: type[Exception], match: str) -> None:
+    """The patch applies and its self-check passes; with upstream's code back the check raises ``error``."""
     with patchkit.applied(patch_id) as statuses:
         assert [s.state.value for s in statuses] == ["applied"]
-        _run_check(patch_id, dist_ckpt_blocking_d2h.check_dist_ckpt_blocking_d2h)
-        with upstream_behaviour(patch_id), pytest.raises(SelfCheckFailed, match="non_blocking=False"):
-            _run_check(patch_id, dist_ckpt_blocking_d2h.check_dist_ckpt_blocking_d2h)
+        _run_check(patch_id, check)
+        with upstream_behaviour(patch_id), pytest.raises(error, match=match):
+            _run_check(patch_id, check)
+
+
+@pytest.mark.breaks("megatron.dist_ckpt_blocking_d2h")
+def test_async_writer_preload_copies_blocking_and_the_async_save_loads_back():
+    _applies_and_its_check_fails_as_upstream("megatron.dist_ckpt_blocking_d2h",
+                                             dist_ckpt_blocking_d2h.check_dist_ckpt_blocking_d2h,
+                                             SelfCheckFailed, "non_blocking=False")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="shows the failure of a host without CUDA")
@@ -80,12 +86,9 @@ def test_common_state_holding_an_optimizer_class_loads_weights_only():
 
 @pytest.mark.breaks("megatron.dist_ckpt_partial_load")
 def test_a_checkpoint_loads_into_a_model_with_tensors_it_lacks_when_enabled():
-    patch_id = "megatron.dist_ckpt_partial_load"
-    with patchkit.applied(patch_id) as statuses:
-        assert [s.state.value for s in statuses] == ["applied"]
-        _run_check(patch_id, dist_ckpt_partial_load.check_dist_ckpt_partial_load)
-        with upstream_behaviour(patch_id), pytest.raises(SelfCheckFailed, match="lacks"):
-            _run_check(patch_id, dist_ckpt_partial_load.check_dist_ckpt_partial_load)
+    _applies_and_its_check_fails_as_upstream("megatron.dist_ckpt_partial_load",
+                                             dist_ckpt_partial_load.check_dist_ckpt_partial_load,
+                                             SelfCheckFailed, "lacks")
 
 
 def test_partial_load_is_opt_in_and_upstream_refuses_a_missing_tensor():
@@ -101,12 +104,9 @@ def test_partial_load_is_opt_in_and_upstream_refuses_a_missing_tensor():
 
 @pytest.mark.breaks("megatron.dist_ckpt_async_queue_reset")
 def test_async_queue_reset_restarts_call_indices_in_place():
-    patch_id = "megatron.dist_ckpt_async_queue_reset"
-    with patchkit.applied(patch_id) as statuses:
-        assert [s.state.value for s in statuses] == ["applied"]
-        _run_check(patch_id, dist_ckpt_async_queue_reset.check_dist_ckpt_async_queue_reset)
-        with upstream_behaviour(patch_id), pytest.raises(AttributeError, match="reset"):
-            _run_check(patch_id, dist_ckpt_async_queue_reset.check_dist_ckpt_async_queue_reset)
+    _applies_and_its_check_fails_as_upstream("megatron.dist_ckpt_async_queue_reset",
+                                             dist_ckpt_async_queue_reset.check_dist_ckpt_async_queue_reset,
+                                             AttributeError, "reset")
 
 
 def test_async_queue_reset_refusal_is_a_patchkit_error():

@@ -5,26 +5,13 @@ upstream's behaviour is taken away."""
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
+from doctor_verdicts import bypassed_verdict, verdict_of
 
 import patchkit
-from patchkit.doctor import FAILED, VERIFIED, run
-from patchkit.selfcheck import upstream_behaviour
+from patchkit.doctor import FAILED, VERIFIED
 
 pytestmark = pytest.mark.usefixtures("patches_restored")
-
-
-def _verdict(patch_id: str):
-    (verdict,) = run([patch_id], device="cpu")[0]
-    return verdict
-
-
-def _applied_verdict(patch_id: str, *, as_upstream: bool = False):
-    """The check's verdict with the patch applied (and its originals back in place when ``as_upstream``)."""
-    with patchkit.applied(patch_id), upstream_behaviour(patch_id) if as_upstream else contextlib.nullcontext():
-        return _verdict(patch_id)
 
 
 # --- megatron.tms_hook_mode ---
@@ -42,7 +29,7 @@ except ImportError:
 
 def test_tms_hook_mode_check_is_verified():
     pytest.importorskip("torch_memory_saver")
-    verdict = _applied_verdict("megatron.tms_hook_mode")
+    verdict = verdict_of("megatron.tms_hook_mode", applied=True)
     assert verdict.verdict == VERIFIED, verdict.message
 
 
@@ -52,40 +39,43 @@ def test_tms_hook_mode_check_fails_with_upstreams_setter(monkeypatch):
     pytest.importorskip("torch_memory_saver")
     from patchkit.patches.megatron.memory._checks import _tms_hook_mode_probe as probe
 
+    def source_with_the_forcing_statement(name):
+        return ("<0.16 dynamic_context>", FORCING_STATEMENT) if name.endswith("dynamic_context") else None
+
     with patchkit.applied("megatron.tms_hook_mode") as (status,):
-        if status.to_dict()["reason"] == "native":
-            monkeypatch.setattr(probe, "installed_source",
-                                lambda name: ("<0.16 dynamic_context>", FORCING_STATEMENT)
-                                if name.endswith("dynamic_context") else None)
-            verdict = _verdict("megatron.tms_hook_mode")
-        else:
-            with upstream_behaviour("megatron.tms_hook_mode"):
-                verdict = _verdict("megatron.tms_hook_mode")
+        verdict = bypassed_verdict(
+            "megatron.tms_hook_mode", status.to_dict()["reason"] == "native",
+            lambda: monkeypatch.setattr(probe, "installed_source", source_with_the_forcing_statement))
     assert verdict.verdict == FAILED
     assert "keeps a hook mode set before it: expected preload, found torch" in verdict.message
 
 
-# --- megatron.routing_replay_keyword ---
+# --- patches whose check is verified when applied, and fails with upstream's code back ---
 
 
-def test_routing_replay_keyword_check_is_verified():
-    verdict = _applied_verdict("megatron.routing_replay_keyword")
+@pytest.mark.parametrize("patch_id", ["megatron.routing_replay_keyword", "megatron.output_processor",
+                                      "megatron.moe_recompute_release"])
+def test_the_check_of_the_applied_patch_is_verified(patch_id):
+    verdict = verdict_of(patch_id, applied=True)
     assert verdict.verdict == VERIFIED, verdict.message
 
 
-@pytest.mark.breaks("megatron.routing_replay_keyword")
-def test_routing_replay_keyword_check_fails_with_upstreams_init():
-    verdict = _applied_verdict("megatron.routing_replay_keyword", as_upstream=True)
+@pytest.mark.parametrize("patch_id, expected", [
+    pytest.param("megatron.routing_replay_keyword",
+                 "TransformerConfig accepts enable_routing_replay=True: expected a config, found TypeError",
+                 marks=pytest.mark.breaks("megatron.routing_replay_keyword"), id="upstreams-config-init"),
+    pytest.param("megatron.moe_recompute_release",
+                 "no tensor with autograd history is reachable from the model (holders): expected [], found "
+                 "['decoder.layers.0.mlp.token_dispatcher.probs', 'decoder.layers.1.mlp.token_dispatcher.probs']",
+                 marks=pytest.mark.breaks("megatron.moe_recompute_release"), id="upstreams-dispatchers"),
+])
+def test_the_check_fails_with_upstreams_code_back(patch_id, expected):
+    verdict = verdict_of(patch_id, applied=True, as_upstream=True)
     assert verdict.verdict == FAILED
-    assert "TransformerConfig accepts enable_routing_replay=True: expected a config, found TypeError" in verdict.message
+    assert expected in verdict.message, verdict.message
 
 
 # --- megatron.output_processor ---
-
-
-def test_output_processor_check_is_verified():
-    verdict = _applied_verdict("megatron.output_processor")
-    assert verdict.verdict == VERIFIED, verdict.message
 
 
 @pytest.mark.breaks("megatron.output_processor")
@@ -101,32 +91,14 @@ def test_output_processor_check_fails_without_the_hook(monkeypatch):
                 return native(self, *args, **kw)
 
             monkeypatch.setattr(GPTModel, "forward", forward_ignoring_the_hook)
-            verdict = _verdict("megatron.output_processor")
+            verdict = verdict_of("megatron.output_processor")
             expected = "with an output_processor the output layer never runs (no full logits): expected 0, found 1"
         else:
-            with upstream_behaviour("megatron.output_processor"):
-                verdict = _verdict("megatron.output_processor")
+            verdict = verdict_of("megatron.output_processor", as_upstream=True)
             expected = "GPTModel.forward takes output_processor and output_processor_context: expected the " \
                        "processor's result, found TypeError"
     assert verdict.verdict == FAILED
     assert expected in verdict.message
-
-
-# --- megatron.moe_recompute_release ---
-
-
-def test_moe_recompute_release_check_is_verified():
-    verdict = _applied_verdict("megatron.moe_recompute_release")
-    assert verdict.verdict == VERIFIED, verdict.message
-
-
-@pytest.mark.breaks("megatron.moe_recompute_release")
-def test_moe_recompute_release_check_fails_with_upstreams_dispatchers():
-    verdict = _applied_verdict("megatron.moe_recompute_release", as_upstream=True)
-    assert verdict.verdict == FAILED
-    assert ("no tensor with autograd history is reachable from the model (holders): expected [], found "
-            "['decoder.layers.0.mlp.token_dispatcher.probs', 'decoder.layers.1.mlp.token_dispatcher.probs']"
-            in verdict.message)
 
 
 # --- megatron.tp_group_if_none_helper (native) ---
@@ -135,7 +107,7 @@ def test_moe_recompute_release_check_fails_with_upstreams_dispatchers():
 def test_tp_group_if_none_helper_is_native_and_its_check_is_verified():
     with patchkit.applied("megatron.tp_group_if_none_helper") as (status,):
         assert (status.to_dict()["state"], status.to_dict()["reason"]) == ("skipped", "native")
-        verdict = _verdict("megatron.tp_group_if_none_helper")
+        verdict = verdict_of("megatron.tp_group_if_none_helper")
     assert verdict.verdict == VERIFIED, verdict.message
 
 
@@ -145,7 +117,7 @@ def test_tp_group_if_none_helper_check_fails_without_upstreams_helper(monkeypatc
     from megatron.core import utils
 
     monkeypatch.delattr(utils, "get_tensor_model_parallel_group_if_none")
-    verdict = _verdict("megatron.tp_group_if_none_helper")
+    verdict = verdict_of("megatron.tp_group_if_none_helper")
     assert verdict.verdict == FAILED
     assert "megatron.core.utils has get_tensor_model_parallel_group_if_none: expected a function, found NoneType" \
         in verdict.message
@@ -155,6 +127,6 @@ def test_tp_group_if_none_helper_check_fails_when_the_helper_ignores_none(monkey
     from megatron.core import utils
 
     monkeypatch.setattr(utils, "get_tensor_model_parallel_group_if_none", lambda group, **_: group)
-    verdict = _verdict("megatron.tp_group_if_none_helper")
+    verdict = verdict_of("megatron.tp_group_if_none_helper")
     assert verdict.verdict == FAILED
     assert "for None it gives the tensor-parallel group" in verdict.message

@@ -4,11 +4,11 @@ when the patch is bypassed (upstream's code back in place while the status still
 from __future__ import annotations
 
 import pytest
+from doctor_verdicts import bypassed_verdict, verdict_of
 
 import patchkit
 from patchkit.doctor import FAILED, VERIFIED, run
 from patchkit.runtime.status import Reason
-from patchkit.selfcheck import upstream_behaviour
 
 CHECKED = ("megatron.mtp_postprocess", "megatron.mtp_detach_inputs", "megatron.mtp_recompute",
            "megatron.swiglu_singleton_local_shards")
@@ -35,8 +35,7 @@ def test_every_megatron_check_with_a_self_check_is_verified(applied_mtp):
 
 @pytest.mark.breaks("megatron.mtp_postprocess")
 def test_mtp_postprocess_check_fails_with_upstreams_forward(applied_mtp):
-    with upstream_behaviour("megatron.mtp_postprocess"):
-        (verdict,) = run(["megatron.mtp_postprocess"], device="cpu")[0]
+    verdict = verdict_of("megatron.mtp_postprocess", as_upstream=True)
     assert verdict.verdict == FAILED
     assert "returns main-head logits [batch, seq, vocab] when MTP is on: expected (2, 16, 128), found (2, 16)" \
         in verdict.message
@@ -44,8 +43,7 @@ def test_mtp_postprocess_check_fails_with_upstreams_forward(applied_mtp):
 
 @pytest.mark.breaks("megatron.mtp_detach_inputs")
 def test_mtp_detach_check_fails_with_upstreams_embeddings(applied_mtp):
-    with upstream_behaviour("megatron.mtp_detach_inputs"):
-        (verdict,) = run(["megatron.mtp_detach_inputs"], device="cpu")[0]
+    verdict = verdict_of("megatron.mtp_detach_inputs", as_upstream=True)
     assert verdict.verdict == FAILED
     assert "the MTP loss leaves the embedding's gradient unchanged" in verdict.message
 
@@ -74,11 +72,10 @@ def test_mtp_recompute_check_fails_with_upstreams_checkpointed_forward():
 
             with pytest.MonkeyPatch.context() as monkeypatch:
                 monkeypatch.setattr(MultiTokenPredictionLayer, "_checkpointed_forward", without_padding_mask)
-                (verdict,) = run(["megatron.mtp_recompute"], device="cpu")[0]
+                verdict = verdict_of("megatron.mtp_recompute")
             expected = PADDING_MASK_REFUSED
         else:
-            with upstream_behaviour("megatron.mtp_recompute"):
-                (verdict,) = run(["megatron.mtp_recompute"], device="cpu")[0]
+            verdict = verdict_of("megatron.mtp_recompute", as_upstream=True)
             expected = (PADDING_MASK_REFUSED if status.variant == "accept-padding-mask" else
                         "takes a non-tensor keyword (packed_seq_params): expected a checkpointed forward and "
                         "backward, found TypeError: save_for_backward")
@@ -92,7 +89,7 @@ def test_swiglu_native_check_fails_on_a_core_without_the_parameter(monkeypatch):
     from megatron.core.transformer import mlp
 
     monkeypatch.setattr(mlp, "apply_swiglu_sharded_factory", lambda original_sh_ten, sharded_offsets: None)
-    (verdict,) = run(["megatron.swiglu_singleton_local_shards"], device="cpu")[0]
+    verdict = verdict_of("megatron.swiglu_singleton_local_shards")
     assert verdict.verdict == FAILED and "takes singleton_local_shards" in verdict.message
 
 
@@ -137,11 +134,10 @@ def test_router_replay_check_fails_when_replay_computes_its_own_topk(applied_rep
             return default_compute_topk(scores, topk, num_groups=num_groups, group_topk=group_topk)
 
         monkeypatch.setattr(replay_class(), "get_replay_topk", ignore_replay)
-        (verdict,) = run(["megatron.router_replay"], device="cpu")[0]
+        verdict = verdict_of("megatron.router_replay")
         expected = "REPLAY_FORWARD of the packed record routes every token as recorded (tokens routed differently): "
     else:  # upstream's TopKRouter: no replay state at all
-        with upstream_behaviour("megatron.router_replay"):
-            (verdict,) = run(["megatron.router_replay"], device="cpu")[0]
+        verdict = verdict_of("megatron.router_replay", as_upstream=True)
         expected = "has replay state: expected 2 routers with replay state, found 0"
     assert verdict.verdict == FAILED
     assert expected in verdict.message, verdict.message
@@ -149,16 +145,14 @@ def test_router_replay_check_fails_when_replay_computes_its_own_topk(applied_rep
 
 @pytest.mark.breaks("megatron.router_replay_validation")
 def test_router_replay_validation_check_fails_with_upstreams_unchecked_gather(applied_replay):
-    with upstream_behaviour("megatron.router_replay_validation"):
-        (verdict,) = run(["megatron.router_replay_validation"], device="cpu")[0]
+    verdict = verdict_of("megatron.router_replay_validation", as_upstream=True)
     assert verdict.verdict == FAILED
     assert "wrong token count raises: expected ReplayIndexMismatchError, found " in verdict.message, verdict.message
 
 
 @pytest.mark.breaks("megatron.moe_alltoall_replay_token_count")
 def test_alltoall_token_count_check_fails_with_upstreams_static_count(applied_replay):
-    with upstream_behaviour("megatron.moe_alltoall_replay_token_count"):
-        (verdict,) = run(["megatron.moe_alltoall_replay_token_count"], device="cpu")[0]
+    verdict = verdict_of("megatron.moe_alltoall_replay_token_count", as_upstream=True)
     assert verdict.verdict == FAILED
     # 0.19.2's argsort permute fails outright; 0.14-0.16's masked_select permute keeps the wrong count.
     assert ("found RuntimeError" in verdict.message
@@ -178,7 +172,7 @@ def applied_router_slots():
 
 
 def test_mtp_router_slots_check_is_verified(applied_router_slots):
-    (verdict,) = run([ROUTER_SLOTS], device="cpu")[0]
+    verdict = verdict_of(ROUTER_SLOTS)
     assert verdict.verdict == VERIFIED, verdict.message
 
 
@@ -187,17 +181,13 @@ def test_mtp_router_slots_check_fails_with_upstreams_numbering(applied_router_sl
     """Patched releases: the patch bypassed. Native (0.17-0.18): forced entries sized as 0.16 sizes them."""
     from megatron.core.transformer.moe import moe_utils
 
-    if applied_router_slots[ROUTER_SLOTS].reason is Reason.NATIVE:
-        original = moe_utils.track_moe_metrics
+    original = moe_utils.track_moe_metrics
 
-        def decoder_only(*args, mtp_num_layers=None, **kwargs):
-            return original(*args, mtp_num_layers=None, **kwargs)
+    def decoder_only(*args, mtp_num_layers=None, **kwargs):
+        return original(*args, mtp_num_layers=None, **kwargs)
 
-        monkeypatch.setattr(moe_utils, "track_moe_metrics", decoder_only)
-        (verdict,) = run([ROUTER_SLOTS], device="cpu")[0]
-    else:
-        with upstream_behaviour(ROUTER_SLOTS):
-            (verdict,) = run([ROUTER_SLOTS], device="cpu")[0]
+    verdict = bypassed_verdict(ROUTER_SLOTS, applied_router_slots[ROUTER_SLOTS].reason is Reason.NATIVE,
+                               lambda: monkeypatch.setattr(moe_utils, "track_moe_metrics", decoder_only))
     assert verdict.verdict == FAILED
     # 0.14-0.15: MTP slots empty; 0.16: forced entries sized 2; 0.19: replay numbers [1, 2].
     assert ("empty slots: expected [], found [3, 4]" in verdict.message

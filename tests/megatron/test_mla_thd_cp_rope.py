@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from doctor_verdicts import verdict_of
 from patchkit.patches.megatron._checks._harness import megatron_on
 from patchkit.patches.megatron._errors import MlaRopeTableError
 from patchkit.patches.megatron.rope._checks._mla_thd_cp import CP_SIZE, build_mla, compare_cp_ranks, zigzag_rows
 
 import patchkit
-from patchkit.doctor import FAILED, VERIFIED, run
-from patchkit.selfcheck import upstream_behaviour
+from patchkit.doctor import FAILED, VERIFIED
 
 PATCH = "megatron.mla_thd_cp_rope"
 
@@ -82,15 +82,13 @@ def test_a_table_that_does_not_start_at_position_0_is_refused_by_name():
 
 
 def test_check_is_verified():
-    with patchkit.applied(PATCH):
-        (verdict,) = run([PATCH], device="cpu")[0]
+    verdict = verdict_of(PATCH, applied=True)
     assert verdict.verdict == VERIFIED, verdict.message
 
 
 @pytest.mark.breaks("megatron.mla_thd_cp_rope")
 def test_check_fails_with_upstreams_apply_rotary_pos_emb():
-    with patchkit.applied(PATCH), upstream_behaviour(PATCH):
-        (verdict,) = run([PATCH], device="cpu")[0]
+    verdict = verdict_of(PATCH, applied=True, as_upstream=True)
     assert verdict.verdict == FAILED
     assert "rope RoPE, CP rank 0 of 2: q/k equal the CP=1 rows of its tokens" in verdict.message
     assert "RuntimeError: The size of tensor a" in verdict.message

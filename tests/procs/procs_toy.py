@@ -22,6 +22,24 @@ from typing import Any, Mapping
 from patchkit.processes.autoload import ACTIVE_MARKER
 from patchkit.runtime import settings
 
+
+def _toy_declaration(patch_id: str, summary: str, why: str, install: str, prelude: str = "") -> str:
+    """A declaration module of one ``pkproc-toy`` patch installing ``install`` (``Replace(...)``, ``Wrap(...)``),
+    after ``prelude`` (one line)."""
+    return f"""
+        {prelude}
+        from patchkit import Patch, Replace, Variant, Wrap
+
+        PATCHES = (
+            Patch(
+                id="{patch_id}", summary="{summary}", why="{why}",
+                upstream="tests/procs/conftest.py", removal="never",
+                variants=(Variant(requires={{"pkproc-toy": ">=1"}}, installs=({install},)),),
+            ),
+        )
+    """
+
+
 TOY_FILES = {
     "pkproc_toy/__init__.py": '__version__ = "1.0.0"\n',
     "pkproc_toy/core.py": """
@@ -38,32 +56,14 @@ TOY_FILES = {
             raise RuntimeError("toy patch exploded at start-up")
     """,
     # The patch every test process should have: Model.forward(1) is 1001 with it, 2 without.
-    "pkproc_toy/patches.py": """
-        from patchkit import Patch, Replace, Variant
-
-        PATCHES = (
-            Patch(
-                id="toy.forward", summary="adds 1000", why="a patch processes can be compared on",
-                upstream="tests/procs/conftest.py", removal="never",
-                variants=(Variant(requires={"pkproc-toy": ">=1"},
-                                  installs=(Replace("pkproc_toy.core:Model.forward", "._impl:forward"),)),),
-            ),
-        )
-    """,
+    "pkproc_toy/patches.py": _toy_declaration(
+        "toy.forward", "adds 1000", "a patch processes can be compared on",
+        'Replace("pkproc_toy.core:Model.forward", "._impl:forward")'),
     # A patch that fails at interpreter start: its target is imported by the declaration itself.
-    "pkproc_toy/failing.py": """
-        import pkproc_toy.core  # so the patch installs, and fails, during autoload
-        from patchkit import Patch, Variant, Wrap
-
-        PATCHES = (
-            Patch(
-                id="toy.broken", summary="always fails", why="start-up must survive it",
-                upstream="tests/procs/conftest.py", removal="never",
-                variants=(Variant(requires={"pkproc-toy": ">=1"},
-                                  installs=(Wrap("pkproc_toy.core:Model.forward", "._impl:broken"),)),),
-            ),
-        )
-    """,
+    "pkproc_toy/failing.py": _toy_declaration(
+        "toy.broken", "always fails", "start-up must survive it",
+        'Wrap("pkproc_toy.core:Model.forward", "._impl:broken")',
+        prelude="import pkproc_toy.core  # so the patch installs, and fails, during autoload"),
     # A declaration module that starts a Python process while it is imported, i.e. during autoload.
     # Without the recursion guard that child would autoload, import this module, start another...
     # PKPROC_DEPTH bounds the damage should the guard ever break.
@@ -101,18 +101,9 @@ TOY_FILES = {
 
         INNER_OUTCOME = autoload.load()
     """,
-    "pkproc_reentrant/patches.py": """
-        from patchkit import Patch, Replace, Variant
-
-        PATCHES = (
-            Patch(
-                id="toy.forward", summary="adds 1000", why="the toy patch, declared from a re-entrant package",
-                upstream="tests/procs/conftest.py", removal="never",
-                variants=(Variant(requires={"pkproc-toy": ">=1"},
-                                  installs=(Replace("pkproc_toy.core:Model.forward", "pkproc_toy._impl:forward"),)),),
-            ),
-        )
-    """,
+    "pkproc_reentrant/patches.py": _toy_declaration(
+        "toy.forward", "adds 1000", "the toy patch, declared from a re-entrant package",
+        'Replace("pkproc_toy.core:Model.forward", "pkproc_toy._impl:forward")'),
     "pkproc_toy-1.0.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: pkproc-toy\nVersion: 1.0.0\n",
 }
 
