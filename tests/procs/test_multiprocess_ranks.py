@@ -31,12 +31,26 @@ def _one_rank_dies_at_once(rank: int, init_method: str, pid_dir: str, how: str) 
     time.sleep(600)
 
 
-def _gone(pid: int) -> bool:
+def _dead(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        state = Path(f"/proc/{pid}/stat").read_text().split()[2]
+    except (FileNotFoundError, ProcessLookupError):
         return True
-    return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"  # a zombie runs nothing
+    return state in ("Z", "X")  # a zombie runs nothing
+
+
+def _gone(pid: int, within: float = 10.0) -> bool:
+    """Whether ``pid`` has ended, or ends within ``within`` seconds.
+
+    SIGKILL is delivered at once but carried out when the kernel next schedules the process: on a
+    loaded machine a killed process can still read as running for a moment after ``killpg`` returned.
+    """
+    deadline = time.monotonic() + within
+    while not _dead(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 @pytest.mark.parametrize("how", ["raises", "exits"])
