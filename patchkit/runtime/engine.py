@@ -199,8 +199,9 @@ class Engine:
                     return self.status()
                 for entry in self._entries.values():
                     # Disabled after it was installed: take it out, then it is decided (skipped) below.
-                    if chosen.is_disabled(entry.patch.id) and (entry.state.installed or entry.ticket is not None):
-                        self.revert(entry.patch.id)
+                    # By id: an entry read from the catalogue's index stays unmade until it is needed.
+                    if chosen.is_disabled(entry.id) and (entry.state.installed or entry.ticket is not None):
+                        self.revert(entry.id)
                 for entry in self._entries.values():
                     step = next_step(entry.state, Trigger.APPLY_ALL, claimed=entry.ticket is not None,
                                      displaced=entry.state.installed and bool(entry.displaced()))
@@ -335,8 +336,8 @@ class Engine:
         the size of the catalogue: such a patch costs a few lookups now, and its declaration (made
         from the index, then imported), its variant and its version check are paid for when its
         upstream's code is imported (the post-import hook decides it, as it does any pending patch).
-        Anything else (a target module imported, a version known only once imported, an upstream
-        installed in part) is decided now. The outcome is the same either way, only when it is
+        Anything else (a target module imported, no module to wait for because every variant is
+        native, a version known only once imported, an upstream installed in part) is decided now. The outcome is the same either way, only when it is
         reached differs: a version outside every range is reported once the upstream is imported.
         """
         versions, absent = {}, []
@@ -355,8 +356,8 @@ class Engine:
             logger.debug("patchkit: %s skipped: %s", entry.id, entry.detail)
             return True
         modules = indexed.modules
-        if any(import_watch.imported(module) for module in modules):
-            return False
+        if not modules or any(import_watch.imported(module) for module in modules):
+            return False  # nothing to wait for (every variant native), or a target is here: decided now
         entry.versions = versions
         entry.set(State.PENDING, None, f"waiting for {' or '.join(modules)} to be imported; its variant is "
                                        f"chosen then")

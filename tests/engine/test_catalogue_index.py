@@ -226,6 +226,33 @@ def test_an_upstream_that_is_not_installed_is_skipped_without_importing_its_patc
     assert toy_catalogue.imported() == []
 
 
+def test_apply_all_reads_no_declaration_data_while_no_target_module_is_imported(toy_catalogue):
+    """Waiting undecided costs the index's summary alone: the declarations' data module (and so the
+    ``Patch`` of each) is read only once a patch needs its variants."""
+    engine = toy_catalogue.engine()
+    try:
+        statuses = {s.id: s for s in engine.apply_all()}
+        assert statuses["toy.forward"].state is State.PENDING
+        assert f"{toy_catalogue.name}.{catalogue.DECLARATIONS_MODULE}" not in sys.modules
+    finally:
+        engine.revert_all()
+
+
+def test_a_patch_whose_every_variant_is_native_is_decided_at_once_not_left_waiting(toy_catalogue):
+    up = toy_catalogue.upstream
+    (toy_catalogue.folder / "native_only.py").write_text(textwrap.dedent(f'''
+        from patchkit import Patch, Variant
+        PATCHES = (Patch(
+            id="toy.native_only", summary="s", why="w", upstream="u", removal="r",
+            version_modules={{{up.dist!r}: {up.package!r}}},
+            variants=(Variant(requires={{{up.dist!r}: ">=1"}}, native="upstream does it"),),
+        ),)
+    '''))
+    toy_catalogue.write_index()
+    status = {s.id: s for s in toy_catalogue.engine().apply_all()}["toy.native_only"]
+    assert (status.state, status.reason, status.detail) == (State.SKIPPED, Reason.NATIVE, "upstream does it")
+
+
 def test_importing_targets_of_an_undecided_patch_imports_only_its_chosen_variants_modules(toy_catalogue):
     """Waiting undecided means waiting for any variant's modules; `patchkit status` imports only the
     chosen variant's (another variant's module may not exist in the installed release)."""
