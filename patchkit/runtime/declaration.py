@@ -19,8 +19,9 @@ from .errors import DeclarationError
 #: declaring package) or as the object itself.
 Reference = Union[str, Any]
 
-_ID = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")
-_DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+# Patterns, compiled by `re` on first use (and cached there): compiling them costs start-up time.
+_ID = r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$"
+_DOTTED = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
 
 
 class Target(NamedTuple):
@@ -34,7 +35,7 @@ class Target(NamedTuple):
         found = _PARSED.get(spec)
         if found is None:
             module, sep, qualname = spec.partition(":")
-            if not sep or not _DOTTED.match(module) or not _DOTTED.match(qualname):
+            if not sep or not re.match(_DOTTED, module) or not re.match(_DOTTED, qualname):
                 raise DeclarationError(f"target {spec!r} is not of the form 'package.module:Qualname.attr'")
             found = _PARSED[spec] = cls(module, tuple(qualname.split(".")))
         return found
@@ -177,7 +178,7 @@ class Patch(NamedTuple):
 
 def validate(patch: Patch) -> None:
     """Raise ``DeclarationError`` if ``patch`` is malformed; called when it is registered."""
-    if not _ID.match(patch.id):
+    if not re.match(_ID, patch.id):
         raise DeclarationError(f"patch id {patch.id!r} must look like 'upstream.name' (lowercase, dots)")
     if not patch.variants:
         raise DeclarationError(f"{patch.id}: declares no variant")

@@ -29,7 +29,7 @@ import sys
 from importlib.machinery import PathFinder
 from typing import Callable
 
-_SEPARATORS = re.compile(r"[-_.]+")
+_SEPARATORS = r"[-_.]+"  # compiled by `re` when first used
 _listings: dict[str, tuple[int, dict[str, list[str]]]] = {}
 
 
@@ -39,7 +39,7 @@ class _Unsure(Exception):
 
 def normalise(name: str) -> str:
     """``importlib.metadata``'s ``Prepared.normalize``: ``Foo.Bar-baz`` -> ``foo_bar_baz``."""
-    return _SEPARATORS.sub("-", name).lower().replace("-", "_")
+    return re.sub(_SEPARATORS, "-", name).lower().replace("-", "_")
 
 
 def _listing(entry: str) -> dict[str, list[str]]:

@@ -8,22 +8,22 @@ carry out, modules to watch) so that it is done after the lock is released.
 
 from __future__ import annotations
 
-import logging
 import threading
 from typing import TYPE_CHECKING, NamedTuple
 
+from . import logs
 from .catalogue import Indexed, Registered
 from .decision import Decision
-from .declaration import Patch, Variant
 from .errors import DeclarationError, DriftError, PatchInstallError
 from .settings import Settings
 from .status import PatchStatus, Reason, State
 from .versions import InstalledVersion, installed_version
 
 if TYPE_CHECKING:  # the installer is imported by the first install, not at start-up
+    from .declaration import Patch, Variant  # types only: declarations are made when a patch needs one
     from .installer import Installed, Registration
 
-logger = logging.getLogger("patchkit")
+logger = logs.get("patchkit")
 
 
 class Ticket:
