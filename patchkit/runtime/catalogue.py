@@ -313,12 +313,13 @@ def load(package_name: str = CATALOGUE_PACKAGE) -> tuple[list[Registered | Index
         scanned, failed = scan(package_name)
         return list(scanned), failed
     listed = folders(package_name)
+    present = {folder: set(names) for folder, names in listed.items()}
     found: list[Registered | Indexed] = []
     errors: list[CatalogueLoadFailure] = []
     gone = []
     for relative, patches in index.DECLARATIONS.items():
         folder, _, name = relative.rpartition(".")
-        if f"{name}.py" not in listed.get(folder, ()):
+        if f"{name}.py" not in present.get(folder, ()):
             gone.append(relative)
             continue
         module_name = f"{package_name}.{relative}"

@@ -200,7 +200,7 @@ class Engine:
                 for entry in self._entries.values():
                     # Disabled after it was installed: take it out, then it is decided (skipped) below.
                     # By id: an entry read from the catalogue's index stays unmade until it is needed.
-                    if chosen.is_disabled(entry.id) and (entry.state.installed or entry.ticket is not None):
+                    if (entry.state.installed or entry.ticket is not None) and chosen.is_disabled(entry.id):
                         self.revert(entry.id)
                 for entry in self._entries.values():
                     step = next_step(entry.state, Trigger.APPLY_ALL, claimed=entry.ticket is not None,

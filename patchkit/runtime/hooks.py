@@ -198,5 +198,5 @@ _FINDER = _Finder()
 
 
 def _install() -> None:
-    if not any(finder is _FINDER for finder in sys.meta_path):
+    if _FINDER not in sys.meta_path:
         sys.meta_path.insert(0, _FINDER)

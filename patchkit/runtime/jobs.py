@@ -36,7 +36,7 @@ def carry_out_all(engine: "Engine", work: Work) -> None:
             carry_out(engine, job)
         except Exception as exc:
             first = first or exc
-    for module in work.watch:
+    for module in dict.fromkeys(work.watch):  # once each: patches of a family wait for the same modules
         import_watch.watch(module)
     if first is not None:
         raise first

@@ -106,6 +106,8 @@ class Settings(NamedTuple):
 
 
 def matches_any(patch_id: str, patterns: Iterable[str]) -> bool:
+    if not patterns:  # the usual case, asked for every patch at start-up
+        return False
     return any(fnmatch.fnmatchcase(patch_id, pattern) for pattern in patterns)
 
 
