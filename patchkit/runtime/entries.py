@@ -26,6 +26,10 @@ if TYPE_CHECKING:  # the installer is imported by the first install, not at star
 logger = logs.get("patchkit")
 
 
+#: What an entry holds before any apply call chose its settings (one for all: a catalogue has many entries).
+_NO_SETTINGS = Settings()
+
+
 class Ticket:
     """A claim on one patch's installation, held by the thread doing it (see :mod:`.engine`)."""
 
@@ -61,7 +65,7 @@ class Entry:
         #: What is installed now. Non-empty in state FAILED too when a rollback could not undo a step:
         #: revert() retries it.
         self.installed: list[Installed | Registration] = []
-        self.settings = Settings()
+        self.settings = _NO_SETTINGS
         self.ticket: Ticket | None = None
         #: Pending before any variant was chosen: waiting for any module one of its variants targets.
         self.undecided = False
@@ -111,7 +115,7 @@ class Entry:
         variant = self.variant
         targets = tuple(str(t) for action in variant.installs for t in action.targets) if variant else ()
         state, reason, detail = self.state, self.reason, self.detail
-        displaced = self.displaced()
+        displaced = self.displaced() if self.installed else []
         if displaced:
             state, reason = State.DISPLACED, None
             detail = (f"no longer in effect at {', '.join(displaced)}: the module was reloaded or imported again "
