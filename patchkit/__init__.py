@@ -11,7 +11,7 @@ import os
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ._version import __version__ as __version__
-from .runtime import logs, probing, process_engine
+from .runtime import logs, process_engine
 from .runtime.catalogue import Registered
 from .runtime.engine import Engine, first_time, warn
 from .runtime.errors import (
@@ -33,6 +33,7 @@ from .runtime.settings import EXTRA_PATCHES
 from .runtime.status import PatchStatus, Reason, State
 
 if TYPE_CHECKING:
+    from .runtime import probing
     from .runtime.declaration import Add, Call, Patch, Replace, Target, Variant, Wrap
 
 #: Names served from their module on first use (PEP 562): a declaration module imports them, start-up
@@ -45,6 +46,10 @@ def __getattr__(name: str) -> Any:
         from .runtime import declaration
 
         return getattr(declaration, name)
+    if name == "probing":  # helpers for implementation modules, not for start-up
+        from .runtime import probing as module
+
+        return module
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
