@@ -17,6 +17,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple
 
+from . import gating
 from .errors import ForceRefusedError, PatchkitError, UnsupportedVersionError
 from .settings import OPT_IN, Settings
 from .status import Reason, State
@@ -77,7 +78,6 @@ def decide(patch: Patch, settings: Settings, facts: Facts) -> Decision:
     off = switched_off(patch, settings)
     if off is not None:
         return off
-    from . import gating  # the range facts: imported by the first decision, not at start-up
     versions = facts.versions
     selection = select_variant(patch, versions)
     if selection.outcome is Outcome.NOT_INSTALLED:

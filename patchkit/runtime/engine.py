@@ -34,10 +34,9 @@ import importlib
 import os
 import sys
 import threading
-from types import ModuleType
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 
-from . import forking, import_watch, jobs, logs
+from . import forking, gating, import_watch, interrupts, jobs, logs
 from . import settings as settings_module
 from .catalogue import CatalogueLoadFailure, Indexed, Registered, normalized
 from .decision import Decision, Facts, Step, Trigger, decide, next_step, switched_off_id
@@ -405,8 +404,8 @@ class Engine:
             versions={dist: work.installed_version(dist, patch.version_modules.get(dist))
                       for dist in patch.distributions},
             imported=lambda module: module == just_imported or import_watch.imported(module),
-            identity_blocker=lambda variant: _gating().identity_blocker(patch, variant, self._matrix, strict),
-            identity=lambda variant: _gating().identity(patch, variant, self._matrix, strict),
+            identity_blocker=lambda variant: gating.identity_blocker(patch, variant, self._matrix, strict),
+            identity=lambda variant: gating.identity(patch, variant, self._matrix, strict),
         )
 
     def _advance(self, entry: Entry, work: Work, just_imported: str | None = None) -> None:
@@ -422,7 +421,7 @@ class Engine:
             # claim that jobs.abandon would not find. Checked again with signals held: an apply_all() that
             # a signal handler ran in this thread since this call chose the entry (the lock is
             # reentrant) may have claimed or installed it already.
-            with _interrupts().deferred():
+            with interrupts.deferred():
                 if entry.ticket is not None or entry.state.installed:
                     return
                 ticket = Ticket()
@@ -459,7 +458,7 @@ class Engine:
         foreign wrapper on one of those leaves it as it is, reported displaced."""
         from .installer import uninstall_all  # imported already: the patch was installed
 
-        with _interrupts().deferred():
+        with interrupts.deferred():
             try:
                 uninstall_all(entry.patch.id, entry.installed)
             except (ForeignWrapperError, UndoError) as exc:
@@ -515,7 +514,7 @@ class Engine:
                 except BaseException:
                     # Interrupted half-way: finish restoring (a second signal is held meanwhile), so
                     # no patch is left half-reverted under a status that says applied.
-                    with _interrupts().deferred(), contextlib.suppress(ForeignWrapperError, UndoError):
+                    with interrupts.deferred(), contextlib.suppress(ForeignWrapperError, UndoError):
                         self._uninstall(entry)
                     raise
             elif entry.state.installed:  # an interrupted revert restored everything but had not said so
@@ -595,20 +594,6 @@ class Engine:
                     for error in self._catalogue_errors
                 )
             return records
-
-
-def _gating() -> ModuleType:
-    """The code-identity facts, imported when a decision first needs one (never at start-up)."""
-    from . import gating
-
-    return gating
-
-
-def _interrupts() -> ModuleType:
-    """Signal holding, imported by the first critical section (an install or a revert), not at start-up."""
-    from . import interrupts
-
-    return interrupts
 
 
 #: The configuration problems already reported in this process: each is said once, however many

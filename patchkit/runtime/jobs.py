@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import catalogue, import_watch, logs
+from . import catalogue, import_watch, interrupts, logs
 from .catalogue import Registered
 from .decision import Decision
 from .entries import Entry, Job, Work
@@ -62,8 +62,6 @@ def carry_out(engine: "Engine", job: Job) -> None:
         if entry.settings.strict:
             raise
         return
-    from . import interrupts  # the first critical section imports it, not start-up
-
     with engine._lock, interrupts.deferred():
         if entry.ticket is not job.ticket:
             return  # reverted or re-decided meanwhile
@@ -166,8 +164,6 @@ def abandon(engine: "Engine", work: Work) -> None:
     that raised, ``sys.exit`` in a hook): each patch it still holds a claim on is rolled back to
     what it was before the claim, unless it was completely installed and recorded already, and
     the claim is released, so the next ``apply_all`` considers it again."""
-    from . import interrupts
-
     with interrupts.deferred(), engine._lock:
         for job in work.jobs:
             entry = job.entry

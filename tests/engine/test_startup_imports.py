@@ -3,8 +3,9 @@
 Start-up must not grow with the catalogue nor pay for what only an install, a problem or tooling
 needs: ``logging`` (nothing can hear a record before it is imported), the declarations (read from
 the index as plain data), ``importlib.metadata`` (versions are read from the metadata files), and
-the close-match search of a misspelled name, the range and code-identity facts of a decision, the
-signal holding of an install and the helpers of implementation modules.
+the close-match search of a misspelled name and the helpers of implementation modules. (What an
+install needs in a post-import hook is imported at start-up: a first import there could wait on a
+module lock another thread holds.)
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import textwrap
 #: Modules start-up must not import, each for the reason in the module doc.
 NOT_AT_STARTUP = ("logging", "importlib.metadata", "difflib", "patchkit.runtime.declaration",
                   "patchkit.patches._index_declarations", "patchkit.runtime.installer", "patchkit.runtime.drift",
-                  "patchkit.runtime.gating", "patchkit.runtime.interrupts", "patchkit.runtime.probing")
+                  "patchkit.runtime.probing")
 
 
 def _run(code: str) -> dict:
