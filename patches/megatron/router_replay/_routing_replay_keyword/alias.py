@@ -72,6 +72,11 @@ class KeywordSignature(inspect.Signature):
     def replace(self, **changes: Any) -> inspect.Signature:  # type: ignore[override]
         return self._signature().replace(**changes)
 
+    __replace__ = replace  # copy.replace (3.13+)
+
+    def __reduce__(self) -> Any:  # pickled as the plain signature it stands for
+        return self._signature().__reduce__()
+
 
 def _get(config: Any) -> bool:
     return bool(getattr(config, FIELD, False))
