@@ -7,14 +7,12 @@ not the patch catalogue: the catalogue is loaded by the first call that needs it
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ._version import __version__ as __version__
-from .runtime import probing, process_engine
+from .runtime import logs, process_engine
 from .runtime.catalogue import Registered
-from .runtime.declaration import Add, Call, Patch, Replace, Target, Variant, Wrap
 from .runtime.engine import Engine, first_time, warn
 from .runtime.errors import (
     ConfigError,
@@ -34,6 +32,26 @@ from .runtime.errors import (
 from .runtime.settings import EXTRA_PATCHES
 from .runtime.status import PatchStatus, Reason, State
 
+if TYPE_CHECKING:
+    from .runtime import probing
+    from .runtime.declaration import Add, Call, Patch, Replace, Target, Variant, Wrap
+
+#: Names served from their module on first use (PEP 562): a declaration module imports them, start-up
+#: does not (the catalogue's index is read as plain data).
+_DECLARATION_NAMES = frozenset({"Add", "Call", "Patch", "Replace", "Target", "Variant", "Wrap"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _DECLARATION_NAMES:
+        from .runtime import declaration
+
+        return getattr(declaration, name)
+    if name == "probing":  # helpers for implementation modules, not for start-up
+        from .runtime import probing as module
+
+        return module
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 __all__ = [
     "Add", "Call", "ConfigError", "DeclarationError", "DriftError", "Engine", "ForceRefusedError",
     "ForeignWrapperError", "Patch", "PatchInstallError", "PatchStatus", "PatchkitError", "PatchkitWarning", "Reason",
@@ -43,7 +61,8 @@ __all__ = [
     "why_not_installed",
 ]
 
-logging.getLogger("patchkit").addHandler(logging.NullHandler())
+# The NullHandler a library owes its users, added once `logging` is imported (patchkit does not import it).
+logs.arm()
 
 #: The process-wide engine, loading the shipped catalogue on first use.
 engine = process_engine.engine
@@ -84,7 +103,7 @@ def register_extra_patches(environ: Mapping[str, str] | None = None) -> None:
         return
     for problem in problems:
         if first_time(f"patchkit: {problem}"):  # once per process, however often the module is retried
-            logging.getLogger("patchkit").error("patchkit: %s", problem)
+            logs.get("patchkit").error("patchkit: %s", problem)
             warn(f"patchkit: {problem}")
 
 

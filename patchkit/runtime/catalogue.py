@@ -27,16 +27,18 @@ Modules named in ``PATCHKIT_EXTRA_PATCHES`` are imported by name and must define
 from __future__ import annotations
 
 import importlib
-import logging
 import os
 import re
 from types import ModuleType
-from typing import Any, Iterable, NamedTuple
+from typing import TYPE_CHECKING, Any, Iterable, NamedTuple
 
-from .declaration import Add, Call, Patch, Replace, Variant, Wrap, validate
+from . import logs
 from .errors import DeclarationError
 
-logger = logging.getLogger(__name__)
+if TYPE_CHECKING:  # made into objects when a patch needs its declaration, not at start-up
+    from .declaration import Patch
+
+logger = logs.get(__name__)
 
 CATALOGUE_PACKAGE = "patchkit.patches"
 
@@ -46,7 +48,7 @@ INDEX_MODULE = "_index"
 DECLARATIONS_MODULE = "_index_declarations"
 
 #: The index format this runtime reads; an index of another format is not used (every module is scanned).
-INDEX_FORMAT = 1
+INDEX_FORMAT = 2
 
 
 class Registered(NamedTuple):
@@ -69,6 +71,8 @@ class Indexed(NamedTuple):
     distributions: tuple[tuple[str, "str | None"], ...]
     #: The modules any of its variants installs into (its targets' modules), in declaration order.
     modules: tuple[str, ...]
+    #: The distributions every variant requires: one of them missing skips the patch, whatever else is there.
+    required: tuple[str, ...]
     package: str
     declared_in: str
     #: The catalogue package, whose ``_index_declarations`` holds the declaration as data.
@@ -92,7 +96,7 @@ class CatalogueLoadFailure(NamedTuple):
 #: A top-level assignment of ``PATCHES`` (``PATCHES = (`` or ``PATCHES: tuple[Patch, ...] = (``),
 #: at the start of a line, so one inside a function, a docstring's indented example or a comment
 #: does not count.
-_ASSIGNS_PATCHES = re.compile(rb"^PATCHES[ \t]*(?::[^=\n]*)?=(?!=)", re.MULTILINE)
+_ASSIGNS_PATCHES = rb"^PATCHES[ \t]*(?::[^=\n]*)?=(?!=)"  # compiled by `re` when first used (tooling, a stale index)
 
 
 def declares_patches(path: str) -> bool:
@@ -102,7 +106,7 @@ def declares_patches(path: str) -> bool:
     start-up and a declaration module that fails to import is still found (and reported).
     """
     with open(path, "rb") as source:
-        return _ASSIGNS_PATCHES.search(source.read()) is not None
+        return re.search(_ASSIGNS_PATCHES, source.read(), re.MULTILINE) is not None
 
 
 # -- the folders ---------------------------------------------------------------------------------
@@ -185,6 +189,8 @@ def normalized(patch: Patch) -> Patch:
 def declarations(module_name: str) -> tuple[Patch, ...]:
     """The validated ``PATCHES`` of one declaration module; raises if any is malformed or two share
     an id (all valid, or none registered)."""
+    from .declaration import Patch, validate
+
     module = importlib.import_module(module_name)
     patches = tuple(module.PATCHES)
     seen: set[str] = set()
@@ -236,9 +242,6 @@ def scan(package_name: str = CATALOGUE_PACKAGE) -> tuple[list[Registered], list[
 
 # -- the index -----------------------------------------------------------------------------------
 
-_ACTIONS = {cls.__name__: cls for cls in (Replace, Wrap, Add, Call)}
-
-
 def declaration_data(patch: Patch) -> tuple[Any, ...]:
     """``patch`` as nested tuples of strings, booleans and None (what the index holds: constants its
     bytecode loads without running any code), in :class:`Patch` field order; see :func:`patch_from_data`."""
@@ -253,23 +256,29 @@ def declaration_data(patch: Patch) -> tuple[Any, ...]:
 
 def patch_from_data(data: tuple[Any, ...]) -> Patch:
     """The :class:`Patch` that :func:`declaration_data` wrote."""
+    from .declaration import Add, Call, Patch, Replace, Variant, Wrap
+
+    actions = {cls.__name__: cls for cls in (Replace, Wrap, Add, Call)}
     id_, summary, why, upstream, removal, variants, opt_in, version_modules, self_check = data
     return Patch(
         id_, summary, why, upstream, removal,
-        tuple(Variant(dict(requires), tuple(_ACTIONS[kind](*fields) for kind, *fields in installs), native, label)
+        tuple(Variant(dict(requires), tuple(actions[kind](*fields) for kind, *fields in installs), native, label)
               for requires, installs, native, label in variants),
         opt_in, dict(version_modules), self_check,
     )
 
 
-def indexed_summary(patch: Patch) -> tuple[str, bool, tuple[tuple[str, "str | None"], ...], tuple[str, ...]]:
+def indexed_summary(patch: Patch) -> tuple[str, bool, tuple[tuple[str, "str | None"], ...], tuple[str, ...],
+                                             tuple[str, ...]]:
     """What the index keeps beside a declaration for ``apply_all()``: id, opt_in, (distribution,
-    import package) pairs, and the modules any variant installs into."""
+    import package) pairs, the modules any variant installs into, and the distributions every variant
+    requires."""
     modules: dict[str, None] = {}
     for variant in patch.variants:
         modules.update(dict.fromkeys(variant.modules))
+    required = tuple(dist for dist in patch.distributions if all(dist in v.requires for v in patch.variants))
     return (patch.id, patch.opt_in,
-            tuple((dist, patch.version_modules.get(dist)) for dist in patch.distributions), tuple(modules))
+            tuple((dist, patch.version_modules.get(dist)) for dist in patch.distributions), tuple(modules), required)
 
 
 def read_index(package_name: str) -> ModuleType | None:
@@ -304,12 +313,13 @@ def load(package_name: str = CATALOGUE_PACKAGE) -> tuple[list[Registered | Index
         scanned, failed = scan(package_name)
         return list(scanned), failed
     listed = folders(package_name)
+    present = {folder: set(names) for folder, names in listed.items()}
     found: list[Registered | Indexed] = []
     errors: list[CatalogueLoadFailure] = []
     gone = []
     for relative, patches in index.DECLARATIONS.items():
         folder, _, name = relative.rpartition(".")
-        if f"{name}.py" not in listed.get(folder, ()):
+        if f"{name}.py" not in present.get(folder, ()):
             gone.append(relative)
             continue
         module_name = f"{package_name}.{relative}"

@@ -18,13 +18,13 @@ from enum import Enum
 from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple
 
 from . import gating
-from .declaration import Patch, Variant
 from .errors import ForceRefusedError, PatchkitError, UnsupportedVersionError
 from .settings import OPT_IN, Settings
 from .status import Reason, State
 from .versions import InstalledVersion, Outcome, select_variant
 
 if TYPE_CHECKING:  # the drift check is imported only where a patch installs
+    from .declaration import Patch, Variant  # types only: declarations are made when a patch needs one
     from .drift import Identity
 
 

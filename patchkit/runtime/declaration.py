@@ -9,7 +9,6 @@ start-up budget. They are validated when registered (:func:`validate`).
 
 from __future__ import annotations
 
-import re
 from types import MappingProxyType
 from typing import Any, Mapping, NamedTuple, Union
 
@@ -19,8 +18,20 @@ from .errors import DeclarationError
 #: declaring package) or as the object itself.
 Reference = Union[str, Any]
 
-_ID = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")
-_DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+def is_dotted_name(name: str) -> bool:
+    """``package.module`` or ``Class.attr``: dot-separated ASCII identifiers. String methods rather
+    than a regular expression, whose compiling would cost the first install a millisecond."""
+    return name.isascii() and all(part.isidentifier() for part in name.split("."))
+
+
+def is_patch_id(name: str) -> bool:
+    """``upstream.name``: two or more dot-separated parts of lowercase letters, digits and ``_``, each
+    starting with a letter."""
+    parts = name.split(".")
+    return len(parts) > 1 and all(part[:1].isalpha() and part.islower() and part.isidentifier() and part.isascii()
+                                  for part in parts)
 
 
 class Target(NamedTuple):
@@ -34,7 +45,7 @@ class Target(NamedTuple):
         found = _PARSED.get(spec)
         if found is None:
             module, sep, qualname = spec.partition(":")
-            if not sep or not _DOTTED.match(module) or not _DOTTED.match(qualname):
+            if not sep or not is_dotted_name(module) or not is_dotted_name(qualname):
                 raise DeclarationError(f"target {spec!r} is not of the form 'package.module:Qualname.attr'")
             found = _PARSED[spec] = cls(module, tuple(qualname.split(".")))
         return found
@@ -177,7 +188,7 @@ class Patch(NamedTuple):
 
 def validate(patch: Patch) -> None:
     """Raise ``DeclarationError`` if ``patch`` is malformed; called when it is registered."""
-    if not _ID.match(patch.id):
+    if not is_patch_id(patch.id):
         raise DeclarationError(f"patch id {patch.id!r} must look like 'upstream.name' (lowercase, dots)")
     if not patch.variants:
         raise DeclarationError(f"{patch.id}: declares no variant")

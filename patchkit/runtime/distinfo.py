@@ -29,8 +29,12 @@ import sys
 from importlib.machinery import PathFinder
 from typing import Callable
 
-_SEPARATORS = re.compile(r"[-_.]+")
+_SEPARATORS = r"[-_.]+"  # compiled by `re` when first used
 _listings: dict[str, tuple[int, dict[str, list[str]]]] = {}
+#: Versions read from metadata entries, by entry path; an entry's folder listing changing (an install
+#: or an upgrade renames the entry) drops that folder's (see :func:`_listing`). A process asks about
+#: the same few distributions at every decision and drift check: each answer is a file read.
+_versions: dict[str, str | None] = {}
 
 
 class _Unsure(Exception):
@@ -39,7 +43,7 @@ class _Unsure(Exception):
 
 def normalise(name: str) -> str:
     """``importlib.metadata``'s ``Prepared.normalize``: ``Foo.Bar-baz`` -> ``foo_bar_baz``."""
-    return _SEPARATORS.sub("-", name).lower().replace("-", "_")
+    return re.sub(_SEPARATORS, "-", name).lower().replace("-", "_")
 
 
 def _listing(entry: str) -> dict[str, list[str]]:
@@ -49,6 +53,10 @@ def _listing(entry: str) -> dict[str, list[str]]:
     cached = _listings.get(folder)
     if cached is not None and cached[0] == mtime:
         return cached[1]
+    if cached is not None:
+        prefix = os.path.join(folder, "")
+        for path in [path for path in _versions if path.startswith(prefix)]:
+            del _versions[path]
     found: dict[str, list[str]] = {}
     for child in os.listdir(folder):
         low = child.lower()
@@ -97,7 +105,10 @@ def _fast(distribution: str) -> str | None:
                 raise _Unsure(f"{folder} on sys.path is a file (a zip?)")
             continue
         for child in _listing(entry).get(wanted, ()):
-            return _read(os.path.join(folder, child))
+            info = os.path.join(folder, child)
+            if info not in _versions:
+                _versions[info] = _read(info)
+            return _versions[info]
         base = os.path.basename(folder.rstrip(os.sep)).lower()
         if base.endswith(".egg") and base.rpartition(".")[0].partition("-")[0] == legacy:
             info = os.path.join(folder, "EGG-INFO")

@@ -29,6 +29,8 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple, Union, cast
 
 from . import distinfo, pep440
 from .declaration import Replace, Target, Variant, Wrap
+from .errors import DeclarationError
+from .versions import specifier  # parsed once per process: every install checks its variant's ranges
 
 #: versions (sorted (dist, version) pairs), status, sorted (target, fingerprint or None) pairs
 Record = tuple[tuple[tuple[str, str], ...], str, tuple[tuple[str, "str | None"], ...]]
@@ -89,9 +91,9 @@ def _installed_versions(variant: Variant) -> dict[str, str]:
 
 def _in_range(variant: Variant, versions: Mapping[str, str]) -> bool:
     try:
-        return all(dist in versions and pep440.SpecifierSet(spec).contains(versions[dist])
+        return all(dist in versions and specifier(spec).contains(versions[dist])
                    for dist, spec in variant.requires.items())
-    except (pep440.InvalidVersion, pep440.InvalidSpecifier):
+    except (pep440.InvalidVersion, pep440.InvalidSpecifier, DeclarationError):
         return False
 
 

@@ -31,18 +31,15 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import importlib
-import logging
 import os
 import sys
 import threading
-import warnings
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 
-from . import forking, gating, import_watch, interrupts, jobs
+from . import forking, gating, import_watch, interrupts, jobs, logs
 from . import settings as settings_module
 from .catalogue import CatalogueLoadFailure, Indexed, Registered, normalized
 from .decision import Decision, Facts, Step, Trigger, decide, next_step, switched_off_id
-from .declaration import Patch, validate
 from .entries import Entry, Job, Ticket, Work
 from .errors import (
     ConfigError,
@@ -61,10 +58,11 @@ from .status import PatchStatus, Reason, State
 from .versions import Availability
 
 if TYPE_CHECKING:  # the drift module and the installer are imported only when a patch installs
+    from .declaration import Patch
     from .drift import RecordSource
     from .installer import Installed, Registration
 
-logger = logging.getLogger("patchkit")
+logger = logs.get("patchkit")
 
 
 class Engine:
@@ -117,6 +115,8 @@ class Engine:
             if isinstance(record, Indexed):
                 patch_id = record.id
             else:
+                from .declaration import validate  # registered directly: declarations are in use already
+
                 validate(record.patch)
                 patch_id = record.patch.id
                 # Copied, so a caller changing its declaration afterwards does not change the registered patch.
@@ -199,8 +199,9 @@ class Engine:
                     return self.status()
                 for entry in self._entries.values():
                     # Disabled after it was installed: take it out, then it is decided (skipped) below.
-                    if chosen.is_disabled(entry.patch.id) and (entry.state.installed or entry.ticket is not None):
-                        self.revert(entry.patch.id)
+                    # By id: an entry read from the catalogue's index stays unmade until it is needed.
+                    if (entry.state.installed or entry.ticket is not None) and chosen.is_disabled(entry.id):
+                        self.revert(entry.id)
                 for entry in self._entries.values():
                     step = next_step(entry.state, Trigger.APPLY_ALL, claimed=entry.ticket is not None,
                                      displaced=entry.state.installed and bool(entry.displaced()))
@@ -330,14 +331,17 @@ class Engine:
     def _wait_undecided(self, entry: Entry, indexed: Indexed, work: Work) -> bool:
         """Settle ``entry`` from the catalogue index's record alone, if that is enough; True if so.
 
-        Its upstream not installed: skipped. Installed, none of the modules any of its variants
-        targets imported yet: pending, undecided, until one is. This keeps ``apply_all()`` flat in
-        the size of the catalogue: such a patch costs a few lookups now, and its declaration (made
-        from the index, then imported), its variant and its version check are paid for when its
-        upstream's code is imported (the post-import hook decides it, as it does any pending patch).
-        Anything else (a target module imported, a version known only once imported, an upstream
-        installed in part) is decided now. The outcome is the same either way, only when it is
-        reached differs: a version outside every range is reported once the upstream is imported.
+        Its upstream not installed (or a distribution every variant requires): skipped. Installed,
+        none of the modules any of its variants targets imported yet: pending, undecided, until one
+        is. This keeps ``apply_all()`` flat in the size of the catalogue: such a patch costs a few
+        lookups now, and its declaration (made from the index, then imported), its variant and its
+        version check are paid for when its upstream's code is imported (the post-import hook
+        decides it, as it does any pending patch). Anything else (a target module imported, no
+        module to wait for, a version known only once imported, an upstream installed in part that
+        some variant may do without) is decided now. A patch whose every variant is native waits for
+        its upstream's import package instead of a target module. The outcome is
+        the same either way, only when it is reached differs: a version outside every range is
+        reported once the upstream is imported.
         """
         versions, absent = {}, []
         for dist, module in indexed.distributions:
@@ -348,15 +352,16 @@ class Engine:
                 return False  # deferred: the version is read once the module is imported
             versions[dist] = found.raw
         if absent:
-            if len(absent) < len(indexed.distributions):
-                return False  # installed in part: which variant applies is for the decision
-            entry.versions = {dist: None for dist in absent}
+            if not any(dist in indexed.required for dist in absent) and len(absent) < len(indexed.distributions):
+                return False  # installed in part, and some variant may not need what is missing: for the decision
+            entry.versions = {dist: versions.get(dist) for dist, _ in indexed.distributions}
             entry.set(State.SKIPPED, Reason.NOT_INSTALLED, f"{', '.join(sorted(absent))} not installed")
             logger.debug("patchkit: %s skipped: %s", entry.id, entry.detail)
             return True
-        modules = indexed.modules
-        if any(import_watch.imported(module) for module in modules):
-            return False
+        # A patch whose every variant is native installs into no module: it waits for its upstream's.
+        modules = indexed.modules or tuple(module for _, module in indexed.distributions if module is not None)
+        if not modules or any(import_watch.imported(module) for module in modules):
+            return False  # nothing to wait for, or a module is here: decided now
         entry.versions = versions
         entry.set(State.PENDING, None, f"waiting for {' or '.join(modules)} to be imported; its variant is "
                                        f"chosen then")
@@ -616,6 +621,8 @@ def first_time(message: str) -> bool:
 def warn(message: str) -> None:
     """Issue a ``PatchkitWarning`` attributed to the first caller outside patchkit, so Python's
     default filter shows each distinct problem once per calling line, and users can filter it."""
+    import warnings  # only when there is something to say: not imported at start-up
+
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
     level, frame = 2, sys._getframe(1)
     while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):

@@ -8,22 +8,26 @@ carry out, modules to watch) so that it is done after the lock is released.
 
 from __future__ import annotations
 
-import logging
 import threading
 from typing import TYPE_CHECKING, NamedTuple
 
+from . import logs
 from .catalogue import Indexed, Registered
 from .decision import Decision
-from .declaration import Patch, Variant
 from .errors import DeclarationError, DriftError, PatchInstallError
 from .settings import Settings
 from .status import PatchStatus, Reason, State
 from .versions import InstalledVersion, installed_version
 
 if TYPE_CHECKING:  # the installer is imported by the first install, not at start-up
+    from .declaration import Patch, Variant  # types only: declarations are made when a patch needs one
     from .installer import Installed, Registration
 
-logger = logging.getLogger("patchkit")
+logger = logs.get("patchkit")
+
+
+#: What an entry holds before any apply call chose its settings (one for all: a catalogue has many entries).
+_NO_SETTINGS = Settings()
 
 
 class Ticket:
@@ -61,7 +65,7 @@ class Entry:
         #: What is installed now. Non-empty in state FAILED too when a rollback could not undo a step:
         #: revert() retries it.
         self.installed: list[Installed | Registration] = []
-        self.settings = Settings()
+        self.settings = _NO_SETTINGS
         self.ticket: Ticket | None = None
         #: Pending before any variant was chosen: waiting for any module one of its variants targets.
         self.undecided = False
@@ -111,7 +115,7 @@ class Entry:
         variant = self.variant
         targets = tuple(str(t) for action in variant.installs for t in action.targets) if variant else ()
         state, reason, detail = self.state, self.reason, self.detail
-        displaced = self.displaced()
+        displaced = self.displaced() if self.installed else []
         if displaced:
             state, reason = State.DISPLACED, None
             detail = (f"no longer in effect at {', '.join(displaced)}: the module was reloaded or imported again "

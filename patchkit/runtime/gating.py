@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Mapping
 
-from .declaration import Patch, Variant
 from .versions import InstalledVersion, Outcome, Selection, beyond_every_range, specifier
 
 if TYPE_CHECKING:
+    from .declaration import Patch, Variant  # types only: declarations are made when a patch needs one
     from .drift import Identity, RecordSource
 
 

@@ -28,14 +28,15 @@ unless strict mode asked for it to propagate).
 
 from __future__ import annotations
 
-import logging
 import sys
 import threading
 from importlib.machinery import ModuleSpec
 from types import ModuleType
 from typing import Any, Callable, Sequence
 
-logger = logging.getLogger(__name__)
+from . import logs
+
+logger = logs.get(__name__)
 
 Hook = Callable[[ModuleType], None]
 
@@ -197,5 +198,5 @@ _FINDER = _Finder()
 
 
 def _install() -> None:
-    if not any(finder is _FINDER for finder in sys.meta_path):
+    if _FINDER not in sys.meta_path:
         sys.meta_path.insert(0, _FINDER)

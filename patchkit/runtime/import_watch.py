@@ -14,13 +14,14 @@ nests with them, taken first.
 
 from __future__ import annotations
 
-import logging
 import sys
 import threading
 import weakref
 from typing import Any, Protocol
 
-logger = logging.getLogger("patchkit")
+from . import logs
+
+logger = logs.get("patchkit")
 
 
 class Listener(Protocol):
@@ -47,7 +48,7 @@ def imported(module: str) -> bool:
     found = sys.modules.get(module)
     if found is None or not getattr(getattr(found, "__spec__", None), "_initializing", False):
         return found is not None
-    from . import hooks  # only for a module flagged as importing: hooks settles one whose end was interrupted
+    from . import hooks  # only for a module flagged as importing: hooks settles one whose end was interrupted, logs
 
     return not hooks.initializing(found)
 

@@ -9,23 +9,22 @@ raises, ``sys.exit`` in a hook) rolls back each install it still holds a claim o
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING
 
-from . import catalogue, import_watch, interrupts
+from . import catalogue, import_watch, interrupts, logs
 from .catalogue import Registered
 from .decision import Decision
-from .declaration import Patch, Variant
 from .entries import Entry, Job, Work
 from .errors import DeclarationError, DriftError, PatchInstallError, TargetResolutionError
 from .status import Reason, State
 
 if TYPE_CHECKING:  # the drift module is imported only when a patch installs
+    from .declaration import Patch, Variant  # types only: declarations are made when a patch needs one
     from .drift import Drift
     from .engine import Engine
     from .installer import Prepared
 
-logger = logging.getLogger("patchkit")
+logger = logs.get("patchkit")
 
 
 def carry_out_all(engine: "Engine", work: Work) -> None:
@@ -37,7 +36,7 @@ def carry_out_all(engine: "Engine", work: Work) -> None:
             carry_out(engine, job)
         except Exception as exc:
             first = first or exc
-    for module in work.watch:
+    for module in dict.fromkeys(work.watch):  # once each: patches of a family wait for the same modules
         import_watch.watch(module)
     if first is not None:
         raise first

@@ -12,9 +12,7 @@ when their value cannot be read at all: patchkit cannot tell which patches they 
 
 from __future__ import annotations
 
-import difflib
 import fnmatch
-import logging
 import os
 import re
 from typing import Callable, Iterable, Mapping, NamedTuple, Sequence, TypeVar
@@ -69,11 +67,14 @@ NOT_SETTINGS = frozenset({"PATCHKIT_AUTOLOAD_ACTIVE", "PATCHKIT_REPORTS", "PATCH
                           "PATCHKIT_GPU_REPORT", "PATCHKIT_TEST_REAL_SIGNALS", "PATCHKIT_INTERRUPT_STRIDE"})
 
 _PATTERN_FORM = "comma-separated patch ids or globs, e.g. 'megatron.mtp_postprocess,vllm.*' or '*'"
-_PATTERN = re.compile(r"^[a-z0-9_.*?]+$|^[a-z0-9_.*?]*\[[a-z0-9_.!-]+\][a-z0-9_.*?]*$", re.ASCII)
+# Patterns are compiled by `re` when first used (and cached there): compiling them all costs start-up time.
+_PATTERN = r"^[a-z0-9_.*?]+$|^[a-z0-9_.*?]*\[[a-z0-9_.!-]+\][a-z0-9_.*?]*$"
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 _BOOL_FORM = "1, true, yes, on, 0, false, no, off"
-_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+#: ``logging``'s level names and numbers (fixed by its documentation), so that reading them imports no ``logging``.
+_LEVEL_NUMBERS = {"DEBUG": 10, "INFO": 20, "WARNING": 30, "ERROR": 40, "CRITICAL": 50}
+_LEVELS = tuple(_LEVEL_NUMBERS)
 T = TypeVar("T")
 
 
@@ -105,6 +106,8 @@ class Settings(NamedTuple):
 
 
 def matches_any(patch_id: str, patterns: Iterable[str]) -> bool:
+    if not patterns:  # the usual case, asked for every patch at start-up
+        return False
     return any(fnmatch.fnmatchcase(patch_id, pattern) for pattern in patterns)
 
 
@@ -129,7 +132,7 @@ def parse_patterns(variable: str, value: str | Sequence[str]) -> tuple[str, ...]
     for token in tokens:
         if not token:
             raise ConfigError(variable, shown, _PATTERN_FORM, problem="malformed (empty entry)")
-        if not _PATTERN.fullmatch(token) or ".." in token or token.startswith("."):
+        if not re.fullmatch(_PATTERN, token, re.ASCII) or ".." in token or token.startswith("."):
             raise ConfigError(variable, shown, _PATTERN_FORM, problem=f"malformed (bad entry {token!r})")
     return tuple(tokens)
 
@@ -147,7 +150,7 @@ def parse_bool(variable: str, value: str) -> bool:
     raise ConfigError(variable, value, _BOOL_FORM)
 
 
-_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$", re.ASCII)
+_MODULE = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
 _MODULE_FORM = "comma-separated dotted module names, e.g. 'mypkg.patches,other.decl'"
 
 
@@ -160,22 +163,22 @@ def parse_modules(variable: str, value: str) -> tuple[str, ...]:
     for token in tokens:
         if not token:
             raise ConfigError(variable, value, _MODULE_FORM, problem="malformed (empty entry)")
-        if not _MODULE.fullmatch(token):
+        if not re.fullmatch(_MODULE, token, re.ASCII):
             raise ConfigError(variable, value, _MODULE_FORM, problem=f"malformed (bad entry {token!r})")
     return tokens
 
 
 _LEVEL_FORM = f"{', '.join(_LEVELS)} or an integer 0-50"
 #: ASCII digits only: str.isdigit() and int() also take '²', '１０' and '٣'.
-_LEVEL_NUMBER = re.compile(r"^[0-9]{1,2}$", re.ASCII)
+_LEVEL_NUMBER = r"^[0-9]{1,2}$"
 
 
 def parse_log_level(variable: str, value: str) -> int:
     present = _present(variable, value, _LEVEL_FORM)
     text = (present or "").strip().upper()
     if text in _LEVELS:
-        return int(getattr(logging, text))
-    if _LEVEL_NUMBER.fullmatch(text) and int(text) <= 50:
+        return _LEVEL_NUMBERS[text]
+    if re.fullmatch(_LEVEL_NUMBER, text, re.ASCII) and int(text) <= 50:
         return int(text)
     raise ConfigError(variable, value, _LEVEL_FORM)
 
@@ -307,6 +310,8 @@ def _cache_flag(env: Mapping[str, str]) -> bool:
 
 
 def _closest(name: str, known: Iterable[str]) -> list[str]:
+    import difflib  # only for a misspelled name
+
     return difflib.get_close_matches(name, list(known), n=3, cutoff=0.5)
 
 
@@ -320,9 +325,9 @@ def unknown_variables(environ: Mapping[str, str] | None = None) -> list[UnknownV
     closest documented names (a misspelled ``PATCHKIT_DISABLED`` is otherwise ignored without a word)."""
     env = os.environ if environ is None else environ
     known = documented()
-    # fnmatch.filter and set difference, not a loop here: apply_all() runs this on every call, and
-    # an environment holds hundreds of names.
-    unknown = set(fnmatch.filter(env, "PATCHKIT_*")) - set(known) - NOT_SETTINGS
+    # A prefix test and set difference: apply_all() runs this on every call, an environment holds
+    # hundreds of names, and fnmatch would compile a pattern for it at start-up.
+    unknown = {name for name in env if name.startswith("PATCHKIT_")} - set(known) - NOT_SETTINGS
     return [UnknownVariableError(name, env[name], _closest(name, known)) for name in sorted(unknown)]
 
 

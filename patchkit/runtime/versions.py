@@ -24,12 +24,14 @@ from importlib.machinery import (
     SourceFileLoader,
     SourcelessFileLoader,
 )
-from typing import Any, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Any, Mapping, NamedTuple
 
 from . import distinfo, pep440
-from .declaration import Patch, Variant
 from .errors import DeclarationError
 from .pep440 import SpecifierSet, Version
+
+if TYPE_CHECKING:  # declarations are made when a patch needs one, not at start-up
+    from .declaration import Patch, Variant
 
 
 class Availability(Enum):

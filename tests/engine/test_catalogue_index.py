@@ -135,7 +135,7 @@ def test_the_shipped_index_holds_every_declared_patch_and_the_same_declarations(
         assert isinstance(record, catalogue.Indexed)
         made = record.registered()
         assert (made.patch, made.package) == declared[record.id]
-        assert catalogue.indexed_summary(made.patch) == record[:4]
+        assert catalogue.indexed_summary(made.patch) == record[:5]
 
 
 @pytest.mark.parametrize("change", ["add", "add to a family", "remove", "modify"])
@@ -224,6 +224,56 @@ def test_an_upstream_that_is_not_installed_is_skipped_without_importing_its_patc
     assert (status.state, status.reason, status.detail) == (State.SKIPPED, Reason.NOT_INSTALLED,
                                                             "not-installed-dist not installed")
     assert toy_catalogue.imported() == []
+
+
+def test_apply_all_reads_no_declaration_data_while_no_target_module_is_imported(toy_catalogue):
+    """Waiting undecided costs the index's summary alone: the declarations' data module (and so the
+    ``Patch`` of each) is read only once a patch needs its variants."""
+    engine = toy_catalogue.engine()
+    try:
+        statuses = {s.id: s for s in engine.apply_all()}
+        assert statuses["toy.forward"].state is State.PENDING
+        assert f"{toy_catalogue.name}.{catalogue.DECLARATIONS_MODULE}" not in sys.modules
+    finally:
+        engine.revert_all()
+
+
+def test_a_patch_whose_every_variant_is_native_waits_for_its_upstreams_package_then_is_decided(toy_catalogue):
+    up = toy_catalogue.upstream
+    (toy_catalogue.folder / "native_only.py").write_text(textwrap.dedent(f'''
+        from patchkit import Patch, Variant
+        PATCHES = (Patch(
+            id="toy.native_only", summary="s", why="w", upstream="u", removal="r",
+            version_modules={{{up.dist!r}: {up.package!r}}},
+            variants=(Variant(requires={{{up.dist!r}: ">=1"}}, native="upstream does it"),),
+        ),)
+    '''))
+    toy_catalogue.write_index()
+    engine = toy_catalogue.engine()
+    status = {s.id: s for s in engine.apply_all()}["toy.native_only"]
+    assert (status.state, status.waiting_for) == (State.PENDING, (up.package,))
+    importlib.import_module(up.package)
+    status = engine.status("toy.native_only")[0]
+    assert (status.state, status.reason, status.detail) == (State.SKIPPED, Reason.NATIVE, "upstream does it")
+
+
+def test_a_distribution_every_variant_requires_missing_skips_from_the_index_alone(toy_catalogue):
+    up = toy_catalogue.upstream
+    (toy_catalogue.folder / "pair_of_dists.py").write_text(textwrap.dedent(f'''
+        from patchkit import Patch, Variant, Wrap
+        PATCHES = (Patch(
+            id="toy.pair_of_dists", summary="s", why="w", upstream="u", removal="r",
+            version_modules={{{up.dist!r}: {up.package!r}}},
+            variants=(Variant(requires={{{up.dist!r}: ">=1", "not-installed-dist": ">=1"}},
+                              installs=(Wrap({up.target("Model.forward")!r}, "._impl:plus_100"),)),),
+        ),)
+    '''))
+    toy_catalogue.write_index()
+    status = {s.id: s for s in toy_catalogue.engine().apply_all()}["toy.pair_of_dists"]
+    assert (status.state, status.reason, status.detail) == (State.SKIPPED, Reason.NOT_INSTALLED,
+                                                            "not-installed-dist not installed")
+    assert status.versions == {up.dist: up.version, "not-installed-dist": None}
+    assert f"{toy_catalogue.name}.{catalogue.DECLARATIONS_MODULE}" not in sys.modules
 
 
 def test_importing_targets_of_an_undecided_patch_imports_only_its_chosen_variants_modules(toy_catalogue):

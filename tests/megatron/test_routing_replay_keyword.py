@@ -93,6 +93,16 @@ def test_dataclass_shape_is_kept(keyword):
     assert "num_layers" in inspect.signature(TransformerConfig.__init__).parameters
 
 
+def test_the_signature_with_the_keyword_is_worked_out_when_first_read_not_at_install(keyword):
+    """``TransformerConfig.__init__`` has hundreds of parameters: its signature costs milliseconds."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    signature = TransformerConfig.__init__.__signature__
+    assert isinstance(signature, inspect.Signature) and signature._made is None
+    assert "enable_routing_replay" in inspect.signature(TransformerConfig).parameters
+    assert signature._made is not None and str(signature) == str(signature._made)
+
+
 def test_setting_the_alias_sets_the_field(keyword):
     """verl's own patch and its engine set ``config.enable_routing_replay = True`` after construction."""
     from megatron.core.transformer.transformer_config import TransformerConfig

@@ -41,6 +41,43 @@ def with_keyword(original: Any) -> inspect.Signature:
     return signature.replace(parameters=parameters)
 
 
+class KeywordSignature(inspect.Signature):
+    """:func:`with_keyword` of ``original``, worked out when something first reads it.
+
+    ``TransformerConfig.__init__`` has hundreds of parameters: building its signature costs
+    milliseconds, paid at install time by every process although only a wrapper that filters
+    keywords by signature ever reads it.
+    """
+
+    __slots__ = ("_original", "_made")
+
+    def __init__(self, original: Any) -> None:  # noqa: the fields live in the signature made on first use
+        self._original = original
+        self._made: inspect.Signature | None = None
+
+    def _signature(self) -> inspect.Signature:
+        if self._made is None:
+            self._made = with_keyword(self._original)
+        return self._made
+
+    # Signature's own methods read these two fields directly (``replace``, ``__eq__``, ``__str__``).
+    @property  # type: ignore[override]
+    def _parameters(self) -> Any:
+        return self._signature().parameters
+
+    @property  # type: ignore[override]
+    def _return_annotation(self) -> Any:
+        return self._signature().return_annotation
+
+    def replace(self, **changes: Any) -> inspect.Signature:  # type: ignore[override]
+        return self._signature().replace(**changes)
+
+    __replace__ = replace  # copy.replace (3.13+)
+
+    def __reduce__(self) -> Any:  # pickled as the plain signature it stands for
+        return self._signature().__reduce__()
+
+
 def _get(config: Any) -> bool:
     return bool(getattr(config, FIELD, False))
 

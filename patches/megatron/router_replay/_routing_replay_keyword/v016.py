@@ -10,7 +10,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from .alias import FIELD, take_keyword, with_keyword
+from .alias import FIELD, KeywordSignature, take_keyword
 
 
 def wrap_init(original: Callable[..., None]) -> Callable[..., None]:
@@ -21,5 +21,5 @@ def wrap_init(original: Callable[..., None]) -> Callable[..., None]:
             kwargs[FIELD] = value
         original(self, *args, **kwargs)
 
-    __init__.__signature__ = with_keyword(original)  # type: ignore[attr-defined]
+    __init__.__signature__ = KeywordSignature(original)  # type: ignore[attr-defined]
     return __init__

@@ -1,0 +1,77 @@
+"""What ``import patchkit; patchkit.apply_all()`` loads in a fresh interpreter, and what it leaves for later.
+
+Start-up must not grow with the catalogue nor pay for what only an install, a problem or tooling
+needs: ``logging`` (nothing can hear a record before it is imported), the declarations (read from
+the index as plain data), ``importlib.metadata`` (versions are read from the metadata files), and
+the close-match search of a misspelled name and the helpers of implementation modules. (What an
+install needs in a post-import hook is imported at start-up: a first import there could wait on a
+module lock another thread holds.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+#: Modules start-up must not import, each for the reason in the module doc.
+NOT_AT_STARTUP = ("logging", "importlib.metadata", "difflib", "patchkit.runtime.declaration",
+                  "patchkit.patches._index_declarations", "patchkit.runtime.installer", "patchkit.runtime.drift",
+                  "patchkit.runtime.probing")
+
+
+def _run(code: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PATCHKIT_")}
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                            timeout=120, env=env)
+    assert result.returncode == 0, result.stderr
+    found: dict = json.loads(result.stdout)
+    found["stderr"] = result.stderr
+    return found
+
+
+def test_apply_all_imports_no_logging_declarations_or_metadata_while_no_target_is_imported():
+    found = _run("""
+        import json, sys
+        import patchkit
+        statuses = patchkit.apply_all()
+        loaded = [m for m in %r if m in sys.modules]
+        print(json.dumps({"loaded": loaded, "patches": len(statuses)}))
+    """ % (NOT_AT_STARTUP,))
+    assert found["loaded"] == [] and found["patches"] > 0
+
+
+def test_the_patchkit_logger_gets_its_null_handler_when_logging_is_imported_later():
+    """A catalogue module's own logger sends to the ``patchkit`` namespace without the runtime's
+    stand-ins: the NullHandler must be there first, or ``logging.lastResort`` prints to stderr."""
+    found = _run("""
+        import json, sys
+        import patchkit
+        patchkit.apply_all()
+        assert "logging" not in sys.modules
+        import logging
+        handlers = [type(h).__name__ for h in logging.getLogger("patchkit").handlers]
+        logging.getLogger("patchkit.patches.some_family").warning("heard by no handler")
+        print(json.dumps({"handlers": handlers}))
+    """)
+    assert found["handlers"] == ["NullHandler"]
+    assert "heard by no handler" not in found["stderr"]
+
+
+def test_records_sent_before_logging_is_imported_are_dropped_and_later_ones_reach_handlers():
+    found = _run("""
+        import json, sys
+        from patchkit.runtime import logs
+        early = logs.get("patchkit.startup_test")
+        early.warning("before logging exists")
+        dropped = "logging" not in sys.modules
+        import logging, io
+        stream = io.StringIO()
+        logging.getLogger().addHandler(logging.StreamHandler(stream))
+        early.warning("after logging is imported")
+        print(json.dumps({"dropped": dropped, "heard": stream.getvalue()}))
+    """)
+    assert found["dropped"] is True
+    assert found["heard"] == "after logging is imported\n"
