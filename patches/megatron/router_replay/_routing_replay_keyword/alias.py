@@ -51,7 +51,7 @@ class KeywordSignature(inspect.Signature):
 
     __slots__ = ("_original", "_made")
 
-    def __init__(self, original: Any) -> None:  # noqa: the fields live in the signature made on first use
+    def __init__(self, original: Any) -> None:  # the fields live in the signature made on first use
         self._original = original
         self._made: inspect.Signature | None = None
 
