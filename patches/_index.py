@@ -86,7 +86,7 @@ DECLARATIONS = {
         ('megatron.mla_thd_cp_rope', False, (('megatron-core', 'megatron.core'),), ('megatron.core.transformer.multi_latent_attention',), ('megatron-core',)),
     ),
     'megatron.router_replay.moe_alltoall_replay_token_count': (
-        ('megatron.moe_alltoall_replay_token_count', False, (('megatron-core', 'megatron.core'),), ('megatron.core.transformer.moe.token_dispatcher',), ('megatron-core',)),
+        ('megatron.moe_alltoall_replay_token_count', False, (('megatron-core', 'megatron.core'),), ('megatron.core.transformer.moe.token_dispatcher', 'megatron.core.transformer.moe.router'), ('megatron-core',)),
     ),
     'megatron.router_replay.router_replay': (
         ('megatron.router_replay', False, (('megatron-core', 'megatron.core'),), ('megatron.core.transformer.moe.router',), ('megatron-core',)),

@@ -228,10 +228,10 @@ DECLARATIONS = {
     'megatron.moe_alltoall_replay_token_count': (
         'megatron.moe_alltoall_replay_token_count',
         'All-to-all dispatcher counts the tokens the routing map holds while a router replays.',
-        'Dropless routing assumes num_tokens * topk permuted rows; replayed indices that repeat an expert (padding tokens filled with zeros) hold fewer, and the fused permute and the expert split then disagree on the row count.',
+        "Dropless routing assumes num_tokens * topk permuted rows; replayed indices that repeat an expert (padding tokens filled with zeros) hold fewer, and the fused permute and the expert split then disagree on the row count. The router marks the routing map it returns while its own replay state replays, whatever class holds that state (a framework's own RouterReplay too), so the dispatcher needs no registry of replay objects.",
         'https://github.com/NVIDIA/Megatron-LM/blob/core_r0.16.0/megatron/core/transformer/moe/token_dispatcher.py',
         'Remove once upstream derives num_out_tokens from the routing map under replay.',
-        (((('megatron-core', '>=0.14,<0.20'),), (('Wrap', 'megatron.core.transformer.moe.token_dispatcher:MoEAlltoAllTokenDispatcher.preprocess', '._moe_alltoall_replay_token_count:wrap_preprocess'),), None, None),),
+        (((('megatron-core', '>=0.14,<0.20'),), (('Wrap', 'megatron.core.transformer.moe.token_dispatcher:MoEAlltoAllTokenDispatcher.preprocess', '._moe_alltoall_replay_token_count:wrap_preprocess'), ('Wrap', 'megatron.core.transformer.moe.router:TopKRouter.forward', '._moe_alltoall_replay_token_count:wrap_router_forward')), None, None),),
         False,
         (('megatron-core', 'megatron.core'),),
         '._checks.moe_alltoall_replay_token_count:check_moe_alltoall_replay_token_count',

@@ -249,21 +249,27 @@ RECORDS = {
     'megatron.moe_alltoall_replay_token_count': {
         'megatron-core>=0.14,<0.20': (
             ((('megatron-core', '0.14.0'),), 'verified', (
+                ('megatron.core.transformer.moe.router:TopKRouter.forward', '6e9b980e69e11ffe'),
                 ('megatron.core.transformer.moe.token_dispatcher:MoEAlltoAllTokenDispatcher.preprocess', '81eae65c2eb06ab9'),
             )),
             ((('megatron-core', '0.15.3'),), 'verified', (
+                ('megatron.core.transformer.moe.router:TopKRouter.forward', '6e9b980e69e11ffe'),
                 ('megatron.core.transformer.moe.token_dispatcher:MoEAlltoAllTokenDispatcher.preprocess', '81eae65c2eb06ab9'),
             )),
             ((('megatron-core', '0.16.1'),), 'verified', (
+                ('megatron.core.transformer.moe.router:TopKRouter.forward', '476cef377ee2ad31'),
                 ('megatron.core.transformer.moe.token_dispatcher:MoEAlltoAllTokenDispatcher.preprocess', '6778e51297edae81'),
             )),
             ((('megatron-core', '0.17.1'),), 'verified', (
+                ('megatron.core.transformer.moe.router:TopKRouter.forward', '4fe8711dd1b9f40c'),
                 ('megatron.core.transformer.moe.token_dispatcher:MoEAlltoAllTokenDispatcher.preprocess', '6778e51297edae81'),
             )),
             ((('megatron-core', '0.18.2'),), 'verified', (
+                ('megatron.core.transformer.moe.router:TopKRouter.forward', '4fe8711dd1b9f40c'),
                 ('megatron.core.transformer.moe.token_dispatcher:MoEAlltoAllTokenDispatcher.preprocess', '6778e51297edae81'),
             )),
             ((('megatron-core', '0.19.2'),), 'verified', (
+                ('megatron.core.transformer.moe.router:TopKRouter.forward', '4fe8711dd1b9f40c'),
                 ('megatron.core.transformer.moe.token_dispatcher:MoEAlltoAllTokenDispatcher.preprocess', '6778e51297edae81'),
             )),
         ),

@@ -160,6 +160,21 @@ def test_alltoall_token_count_check_fails_with_upstreams_static_count(applied_re
             in verdict.message), verdict.message
 
 
+@pytest.mark.breaks("megatron.moe_alltoall_replay_token_count")
+def test_alltoall_token_count_check_fails_for_a_framework_replay_class_without_the_router_mark(applied_replay):
+    from patchkit.runtime.process_engine import engine
+
+    (mark,) = [a for a in engine().installed_actions("megatron.moe_alltoall_replay_token_count")
+               if a.name == "forward"]
+    mark.restore()
+    try:
+        (verdict,) = run(["megatron.moe_alltoall_replay_token_count"], device="cpu")[0]
+    finally:
+        setattr(mark.owner, mark.name, mark.installed)
+    assert verdict.verdict == FAILED
+    assert "a framework's own replay class" in verdict.message, verdict.message
+
+
 # --- MTP routers ---
 
 ROUTER_SLOTS = "megatron.mtp_router_slots"

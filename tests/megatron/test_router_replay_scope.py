@@ -20,6 +20,7 @@ from replay_models import (
     RoutingCapture,
     build_tiny_moe,
     causal_batch,
+    dispatchers,
     forward_loss,
     megatron_version,
     routers,
@@ -125,6 +126,32 @@ def test_mtp_routers_are_keyed_apart_from_the_backbone_layers_they_alias(moe_rep
     backbone.set_action("replay_forward")
     forward_loss(model, batch)
     assert mtp_router.router_replay.router_replay_action is None
+
+
+def test_excluded_mtp_layers_route_themselves_while_the_decoder_replays(moe_replay):
+    model = build_tiny_moe(mtp_num_layers=1, mtp_loss_scaling_factor=0.1)
+    mtp_router = next(module for name, module in model.named_modules() if name.startswith("mtp.")
+                      and name.endswith("router"))
+    assert replay.exclude_mtp(model) == ["mtp.1"]
+    assert mtp_router.router_replay is None
+    assert len(replay.routers()) == 2  # the process-wide calls see the decoder's MoE layers only
+    assert replay.for_model(model).layers == (1, 2)
+
+    batch = causal_batch()
+    capture = RoutingCapture(model)
+    replay.set_action("record")
+    forward_loss(model, batch)
+    recorded_maps = capture.take()  # decoder 1, decoder 2, MTP
+    recorded = [t.clone() for t in replay.recorded()]
+    assert [tuple(t.shape) for t in recorded] == [(32, TOPK)] * 2
+
+    shift_expert_bias(model)
+    replay.set_targets(recorded)  # two layers, as the rollout engine records them
+    replay.set_action("replay_forward")
+    forward_loss(model, batch)
+    replayed_maps = capture.take()
+    assert all(torch.equal(got, want) for got, want in zip(replayed_maps[:2], recorded_maps[:2], strict=True))
+    assert not torch.equal(replayed_maps[2], recorded_maps[2])  # the MTP router chose afresh
 
 
 def test_model_scope_of_virtual_pipeline_chunks_refuses_two_routers_for_one_layer(moe_replay):
@@ -360,6 +387,82 @@ def test_foreign_replay_class_in_the_router_module_never_breaks_the_alltoall_pre
     loss = forward_loss(model, causal_batch())  # the dispatcher's preprocess reads the registry
     assert torch.isfinite(loss).all()
     assert replay.ownership().owner == "foreign"
+
+
+class _ForeignAction:
+    """A framework's own action enum member: only its ``value`` is shared with upstream's."""
+
+    def __init__(self, value: str) -> None:
+        self.value = value
+
+
+@pytest.fixture
+def foreign_init_and_routing(monkeypatch, foreign_patched_init):
+    """A framework's whole replay (verl's V12 shape): its own ``__init__`` (above) and its own
+    ``TopKRouter.routing``, which replays through its own state; the router module's
+    ``RouterReplay`` stays upstream's (or patchkit's backport), whose registry stays idle."""
+    from megatron.core.transformer.moe.router import TopKRouter
+
+    def own_routing(self, logits, *args, **kwargs):
+        logits = logits.view(-1, self.config.num_moe_experts)
+        scores = torch.sigmoid(logits.float()).type_as(logits)
+        _, indices = self.router_replay.get_replay_topk(
+            scores, self.topk, default_compute_topk=lambda s, k, **_: torch.topk(s, k=k, dim=1))
+        probs = torch.zeros_like(logits).scatter(1, indices, scores.gather(1, indices))
+        return probs, torch.zeros_like(logits, dtype=torch.bool).scatter(1, indices, True)
+
+    monkeypatch.setattr(TopKRouter, "routing", own_routing)
+
+
+def _foreign_duplicate_replay(model) -> None:
+    for router in routers(model):
+        router.router_replay.target_topk_idx = torch.zeros(32, TOPK, dtype=torch.long)  # expert 0 twice
+        router.router_replay.set_router_replay_action(_ForeignAction("replay_forward"))
+
+
+def test_alltoall_counts_the_rows_a_framework_replay_class_routes(moe_replay, foreign_init_and_routing):
+    """The framework keeps its own replay class and routing; patchkit's token count alone fixes the
+    dispatcher (the framework's own preprocess patch can go)."""
+    from patchkit.patches.megatron.router_replay._owner import process_routers
+
+    model = build_tiny_moe()
+    assert not any(r.router_replay_action for r in process_routers())  # no registry says "replaying"
+    _foreign_duplicate_replay(model)
+    capture = RoutingCapture(model)
+    loss = forward_loss(model, causal_batch())
+    assert [int(m.sum()) for m in capture.take()] == [32, 32]
+    assert [int(d.num_out_tokens) for d in dispatchers(model)] == [32, 32]
+    assert torch.isfinite(loss).all()
+
+    # Recording (not replaying) keeps upstream's static count: no earlier host sync.
+    for router in routers(model):
+        router.router_replay.set_router_replay_action(_ForeignAction("record"))
+    forward_loss(model, causal_batch())
+    assert [d.num_out_tokens for d in dispatchers(model)] == [32 * TOPK] * 2
+
+
+@pytest.mark.breaks("megatron.moe_alltoall_replay_token_count")
+def test_framework_replay_class_gets_upstreams_static_count_without_the_router_mark(
+    moe_replay, foreign_init_and_routing
+):
+    """Without the router's mark (upstream's ``TopKRouter.forward``) only the registries are read,
+    and a framework's class is in none: 64 rows claimed for 32 (0.14-0.16), the expert split fails
+    (0.19.2)."""
+    from patchkit.runtime.process_engine import engine
+
+    (mark,) = [a for a in engine().installed_actions("megatron.moe_alltoall_replay_token_count")
+               if a.name == "forward"]
+    model = build_tiny_moe()
+    _foreign_duplicate_replay(model)
+    mark.restore()
+    try:
+        forward_loss(model, causal_batch())
+    except RuntimeError as exc:
+        assert "split" in str(exc) and "64" in str(exc)
+    else:
+        assert [int(d.num_out_tokens) for d in dispatchers(model)] == [32 * TOPK] * 2
+    finally:
+        setattr(mark.owner, mark.name, mark.installed)
 
 
 def test_validation_wrapper_stands_aside_for_a_foreign_class_it_wrapped(moe_replay):

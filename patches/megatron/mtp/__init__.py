@@ -10,6 +10,8 @@ also holds a frozen reference model may want the behaviour on the policy only::
     mtp.enable(policy_chunks)                      # logits out, MTP trains, output head detached
     mtp.enable(policy_chunks, detach_inputs=True)  # ... and no MTP gradient into the backbone
     mtp.disable(reference_model)                   # upstream's behaviour even if patched globally
+    mtp.enable(policy_chunks, with_labels="derive")  # MTP labels from input_ids ("skip": no MTP)
+    with mtp.loss_scale(factor): model(...)        # this micro-batch's MTP loss times factor
 
 Both take a ``GPTModel``, anything wrapping one through ``.module`` (DDP, ``Float16Module``) or a
 list of model chunks, and return the ``GPTModel`` instances they changed. Process-wide, the default
@@ -28,6 +30,7 @@ from .._errors import MTPModelError, MTPOptionError
 
 if TYPE_CHECKING:
     from ._api import disable, enable
+    from ._loss_scale import current_loss_scale, loss_scale
     from ._options import MTPOptions, configure, options_for
 
 #: Imported on first use; the errors above are bound now, so a caller catches them without megatron.
@@ -37,8 +40,11 @@ _EXPORTS = {
     "options_for": "._options",
     "disable": "._api",
     "enable": "._api",
+    "current_loss_scale": "._loss_scale",
+    "loss_scale": "._loss_scale",
 }
 __all__ = [
-    "MTPModelError", "MTPOptionError", "MTPOptions", "configure", "disable", "enable", "options_for",
+    "MTPModelError", "MTPOptionError", "MTPOptions", "configure", "current_loss_scale", "disable", "enable",
+    "loss_scale", "options_for",
 ]
 __getattr__, __dir__ = _exports.lazy_exports(__name__, _EXPORTS)

@@ -18,6 +18,7 @@ from ._options import (
     MODEL_MARK,
     MTPOptions,
     check_output_head,
+    check_with_labels,
     check_without_labels,
     default_options,
 )
@@ -77,12 +78,14 @@ def enable(
     *,
     output_head: str | None = None,
     without_labels: str | None = None,
+    with_labels: str | None = None,
     detach_inputs: bool = False,
 ) -> list[Any]:
     """Give ``model`` (and only it) the MTP postprocess behaviour, with its own options.
 
     ``output_head``: ``"detached"`` or ``"trained"``; ``without_labels``: ``"skip"`` or
-    ``"derive"`` (see ``mtp._options``); each defaults to the process default. ``detach_inputs``:
+    ``"derive"``; ``with_labels``: ``"attach"``, ``"derive"`` or ``"skip"`` (see ``mtp._options``);
+    each defaults to the process default. ``detach_inputs``:
     also detach the MTP layers' inputs (``megatron.mtp_detach_inputs`` for this model only).
     Calling it again replaces the options; the methods are bound once. Every option is checked
     before any model changes.
@@ -94,13 +97,18 @@ def enable(
         if without_labels
         else defaults.without_labels
     )
+    with_given = (
+        check_with_labels(with_labels, "enable(with_labels=...)") if with_labels else defaults.with_labels
+    )
     models = _gpt_models(model)
     postprocess = _factory(_POSTPROCESS_PATCH)
     detach = _factory(_DETACH_PATCH) if detach_inputs else None
     for gpt in models:
         if not isinstance(getattr(gpt, MODEL_MARK, None), MTPOptions) or "_postprocess" not in vars(gpt):
             _bind(gpt, "_postprocess", postprocess)
-        setattr(gpt, MODEL_MARK, MTPOptions(enabled=True, output_head=head, without_labels=no_labels))
+        setattr(gpt, MODEL_MARK, MTPOptions(
+            enabled=True, output_head=head, without_labels=no_labels, with_labels=with_given
+        ))
         for layer in _mtp_layers(gpt):
             if detach is not None and "_get_embeddings" not in vars(layer):
                 _bind(layer, "_get_embeddings", detach)

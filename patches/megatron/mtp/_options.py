@@ -17,6 +17,16 @@ Frameworks disagree on two points, so each is an option with a default rather th
   rolled left by one, the loss mask rolled alike, and every depth's MTP loss is attached as with
   labels; the patch does the same on 0.14-0.18.
 
+- ``with_labels``: what a forward *with* ``labels`` does with the MTP block. ``"attach"`` (default,
+  upstream's and verl's) attaches every depth's loss against the caller's labels. ``"derive"``
+  (ROLL's) takes the MTP labels from ``input_ids`` rolled left once, whatever labels the caller
+  gave, with the caller's loss mask as given (it is aligned with the labels, which are the input
+  ids shifted); the main-head logits are unchanged. ``"skip"`` (ROLL's ``disabled`` training
+  mode: MTP weights loaded, not trained) runs no MTP layer and attaches nothing, labels or not.
+
+The per-forward scale of the MTP loss is :func:`loss_scale` (``mtp_loss_scaling_factor`` times a
+factor the caller computes per micro-batch, as verl's ``_verl_mtp_loss_normalization_factor``).
+
 The process defaults come from ``PATCHKIT_MTP_OUTPUT_HEAD`` and ``PATCHKIT_MTP_WITHOUT_LABELS``
 (parsed by ``patchkit.runtime.settings`` like every ``PATCHKIT_*`` variable, once, on first use,
 so every process of a job agrees without code) or :func:`configure`; a model marked by
@@ -38,6 +48,7 @@ OUTPUT_HEAD_ENV = settings.MTP_OUTPUT_HEAD
 OUTPUT_HEAD_CHOICES = settings.CHOICES[OUTPUT_HEAD_ENV]
 WITHOUT_LABELS_ENV = settings.MTP_WITHOUT_LABELS
 WITHOUT_LABELS_CHOICES = settings.CHOICES[WITHOUT_LABELS_ENV]
+WITH_LABELS_CHOICES = ("attach", "derive", "skip")
 #: Attribute a model instance (GPTModel) carries once marked per model.
 MODEL_MARK = "_patchkit_mtp_options"
 #: Attribute an MTP layer instance carries once marked per model (its input detach choice).
@@ -48,13 +59,14 @@ class MTPOptions(NamedTuple):
     """How the MTP postprocess patch treats one model.
 
     ``enabled`` False means upstream's behaviour for this model even where the process-wide patch
-    is applied (a frozen reference model). ``output_head`` and ``without_labels`` as in the module
-    docstring.
+    is applied (a frozen reference model). ``output_head``, ``without_labels`` and ``with_labels`` as
+    in the module docstring.
     """
 
     enabled: bool = True
     output_head: str = "detached"
     without_labels: str = "skip"
+    with_labels: str = "attach"
 
     @property
     def detach_output_head(self) -> bool:
@@ -63,6 +75,16 @@ class MTPOptions(NamedTuple):
     @property
     def derive_labels(self) -> bool:
         return self.without_labels == "derive"
+
+    def runs_mtp(self, has_labels: bool) -> bool:
+        """Whether a forward with (or without) labels runs the MTP block and attaches its losses."""
+        if has_labels:
+            return self.with_labels != "skip"
+        return self.derive_labels
+
+    def labels_from_input_ids(self, has_labels: bool) -> bool:
+        """Whether the MTP labels of such a forward come from ``input_ids``, not the caller's labels."""
+        return self.with_labels == "derive" if has_labels else self.derive_labels
 
 
 def _check_choice(option: str, choices: tuple[str, ...], meaning: str, value: str, source: str) -> str:
@@ -79,6 +101,12 @@ def check_output_head(value: str, source: str) -> str:
 def check_without_labels(value: str, source: str) -> str:
     return _check_choice("without_labels", WITHOUT_LABELS_CHOICES, "'skip' runs no MTP without labels (default), "
                          "'derive' is megatron-core 0.19's (labels from input_ids).", value, source)
+
+
+def check_with_labels(value: str, source: str) -> str:
+    return _check_choice("with_labels", WITH_LABELS_CHOICES, "'attach' attaches the MTP losses against the "
+                         "caller's labels (default), 'derive' takes the MTP labels from input_ids, 'skip' runs "
+                         "no MTP.", value, source)
 
 
 _default: MTPOptions | None = None
@@ -108,7 +136,9 @@ def _from_environment(variable: str, check: Callable[[str, str], str]) -> str:
     return check(bad.strip().lower(), variable)  # raises MTPOptionError: settings and check share the choices
 
 
-def configure(*, output_head: str | None = None, without_labels: str | None = None) -> MTPOptions:
+def configure(
+    *, output_head: str | None = None, without_labels: str | None = None, with_labels: str | None = None
+) -> MTPOptions:
     """Set the process default (what a model not marked per model gets); returns the new default.
 
     Every value is checked before the default changes: a bad one leaves it as it was.
@@ -121,6 +151,8 @@ def configure(*, output_head: str | None = None, without_labels: str | None = No
         current = current._replace(
             without_labels=check_without_labels(without_labels, "configure(without_labels=...)")
         )
+    if with_labels is not None:
+        current = current._replace(with_labels=check_with_labels(with_labels, "configure(with_labels=...)"))
     _default = current
     return current
 

@@ -17,7 +17,7 @@ framework never branches on the megatron-core version::
 Index tensors are in the packed THD token order the model sees; :func:`pack` and :func:`unpack`
 convert from and to per-sample ``[batch, seq, ...]`` tensors with the FP8 / quantization-aware
 padding the model's input was built with (see ``_packing``). :func:`for_model` scopes the same
-calls to one model's routers.
+calls to one model's routers; :func:`exclude_mtp` turns replay off for a model's MTP layers.
 
 The family's patches are declared beside this file (``router_replay``, ``router_replay_validation``,
 ``routing_replay_keyword``, ``moe_alltoall_replay_token_count``). The public names below are
@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from ._api import (
         clear,
         enable,
+        exclude_mtp,
         fallbacks,
         for_model,
         ownership,
@@ -66,8 +67,8 @@ if TYPE_CHECKING:
 #: Imported on first use (they need torch or megatron); the errors and ``Action`` above are bound now,
 #: so a caller catches them without importing either.
 _EXPORTS = {
-    **dict.fromkeys(("clear", "enable", "fallbacks", "for_model", "ownership", "pending_backward", "policy",
-                     "recorded", "reset", "routers", "set_action", "set_policy", "set_targets"), "._api"),
+    **dict.fromkeys(("clear", "enable", "exclude_mtp", "fallbacks", "for_model", "ownership", "pending_backward",
+                     "policy", "recorded", "reset", "routers", "set_action", "set_policy", "set_targets"), "._api"),
     **dict.fromkeys(("gather_pipeline", "gather_sequence_parallel"), "._dist"),
     **dict.fromkeys(("merge_layers", "stack_layers"), "._layers"),
     "Ownership": "._owner",
@@ -78,7 +79,7 @@ _EXPORTS = {
 __all__ = [
     "Action", "ModelRouters", "Ownership", "PackedShapeError", "ReplayIndexInvalidError", "ReplayIndexMismatchError",
     "ReplayTargetMissingError", "RouterReplayConflictError", "RouterReplayError", "RouterReplayUnavailableError",
-    "RouterSet", "ThdLayout", "clear", "enable", "fallbacks", "for_model", "gather_pipeline",
+    "RouterSet", "ThdLayout", "clear", "enable", "exclude_mtp", "fallbacks", "for_model", "gather_pipeline",
     "gather_sequence_parallel", "merge_layers", "moe_layer_numbers", "ownership", "pack", "pending_backward",
     "policy", "recorded", "reset", "routers", "sequence_parallel_shard", "set_action", "set_policy", "set_targets",
     "stack_layers", "thd_layout", "unpack", "uses_fp8_padding",

@@ -142,6 +142,22 @@ def fallbacks() -> list[dict[str, int]]:
     return list(_process(require=False).fallbacks().values())
 
 
+def exclude_mtp(model: Any) -> list[Any]:
+    """Turn router replay off for ``model``'s multi-token-prediction layers (opt-in; call once, after
+    building the model and before the first recorded pass); returns the keys turned off
+    (``["mtp.1", ...]``).
+
+    Their routers then route by their own top-k in every pass and record nothing; the process-wide
+    functions and :func:`for_model` see the decoder's routers only, so per-layer targets are the
+    decoder's MoE layers on every release. On megatron-core 0.19 an MTP router carries the number of
+    a backbone layer, so a layer-numbered target could otherwise land on it. Where the rollout
+    engine records no routing for MTP layers, this is the switch. Rebuild the model to turn it back on.
+    """
+    from ._scope import exclude_mtp_routers
+
+    return exclude_mtp_routers(model)
+
+
 def for_model(model: Any, *, include_mtp: bool = True) -> "ModelRouters":
     """Replay control of ``model``'s routers only (a module or its list of virtual-pipeline chunks).
 

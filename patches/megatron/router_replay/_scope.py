@@ -71,6 +71,26 @@ def find_routers(model: Any, *, include_mtp: bool = True) -> dict[LayerKey, tupl
     return {key: found[key] for key in sorted(found, key=layer_order)}
 
 
+def exclude_mtp_routers(model: Any) -> list[LayerKey]:
+    """Turn replay off for ``model``'s multi-token-prediction routers; the keys turned off.
+
+    Each MTP router loses its replay state (``router_replay`` becomes None, which every release
+    reads as "route by your own top-k": nothing recorded, nothing replayed), and the state leaves the
+    process-wide registry, so the process-wide calls count the decoder's MoE layers only and
+    :func:`find_routers` no longer sees the MTP routers. Rebuild the model to turn it back on.
+    """
+    mtp = {key: found for key, found in find_routers(model).items() if isinstance(key, str)}
+    check_ownership([replay for replay, _ in mtp.values()], replay_class())
+    registry = getattr(replay_class(), "global_router_replay_instances", None)
+    for replay, router in mtp.values():
+        replay.clear_indices()
+        replay.clear_router_replay_action()
+        router.router_replay = None
+        if registry is not None:
+            registry[:] = [instance for instance in registry if instance is not replay]
+    return list(mtp)
+
+
 def moe_layer_numbers(config: Any) -> list[int]:
     """The global (1-based) numbers of the decoder's MoE layers, from ``moe_layer_freq``."""
     from patchkit.runtime.probing import get_field

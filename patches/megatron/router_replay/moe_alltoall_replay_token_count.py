@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from patchkit import Patch, Variant, Wrap
 
-from .._constants import MEGATRON_CORE, TOKEN_DISPATCHER
+from .._constants import MEGATRON_CORE, ROUTER, TOKEN_DISPATCHER
 
 PATCHES = (
     Patch(
@@ -16,7 +16,9 @@ PATCHES = (
         why=(
             "Dropless routing assumes num_tokens * topk permuted rows; replayed indices that repeat an "
             "expert (padding tokens filled with zeros) hold fewer, and the fused permute and the "
-            "expert split then disagree on the row count."
+            "expert split then disagree on the row count. The router marks the routing map it returns "
+            "while its own replay state replays, whatever class holds that state (a framework's own "
+            "RouterReplay too), so the dispatcher needs no registry of replay objects."
         ),
         upstream=(
             "https://github.com/NVIDIA/Megatron-LM/blob/core_r0.16.0/"
@@ -32,6 +34,7 @@ PATCHES = (
                         f"{TOKEN_DISPATCHER}:MoEAlltoAllTokenDispatcher.preprocess",
                         "._moe_alltoall_replay_token_count:wrap_preprocess",
                     ),
+                    Wrap(f"{ROUTER}:TopKRouter.forward", "._moe_alltoall_replay_token_count:wrap_router_forward"),
                 ),
             ),
         ),

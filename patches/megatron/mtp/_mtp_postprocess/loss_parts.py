@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable, Optional
 
 import torch
@@ -65,6 +66,24 @@ def safe_token_count(num_tokens: Tensor) -> Tensor:
     No host sync: the clamp stays on the device.
     """
     return num_tokens.clamp(min=1)
+
+
+def caller_mask_with_input_id_labels(
+    input_ids: Tensor, loss_mask: Optional[Tensor], roll: Callable[[Tensor], tuple[Tensor, Tensor]]
+) -> tuple[Tensor, Optional[Tensor]]:
+    """``with_labels="derive"``: MTP labels are ``input_ids`` rolled left once; the caller's loss mask
+    is kept as given (it belongs to the caller's labels, which are the input ids shifted)."""
+    labels, _ = roll(input_ids)
+    return labels, loss_mask
+
+
+def scaled_config(config: Any, factor: float) -> Any:
+    """``config``, or a shallow copy whose ``mtp_loss_scaling_factor`` is multiplied by ``factor``."""
+    if factor == 1.0:
+        return config
+    scaled = copy.copy(config)
+    scaled.mtp_loss_scaling_factor = config.mtp_loss_scaling_factor * factor
+    return scaled
 
 
 def labels_from_input_ids(

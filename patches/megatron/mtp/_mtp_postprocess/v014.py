@@ -19,7 +19,10 @@ train in backward. Where this differs from upstream's loop, on purpose:
 - labels and mask roll over ``packed_seq_params.cp_group`` when dynamic CP sets one (0.16);
 - ``labels=None`` (upstream raises there: it clones ``labels`` for MTP) returns the main-head
   logits and skips the MTP block by default; with ``without_labels="derive"`` the MTP labels are
-  derived from ``input_ids`` as 0.19 derives them (``mtp._options``).
+  derived from ``input_ids`` as 0.19 derives them (``mtp._options``);
+- ``with_labels="derive"`` takes the MTP labels from ``input_ids`` even with labels given,
+  ``"skip"`` runs no MTP block at all; ``mtp.loss_scale(factor)`` multiplies
+  ``mtp_loss_scaling_factor`` for the forwards inside it.
 
 Every other call (no MTP, inference, a pipeline stage without the output layer, a model marked
 disabled) goes to the original unchanged.
@@ -43,9 +46,16 @@ from torch import Tensor
 
 from patchkit.runtime.probing import accepts_parameter, get_field
 
+from .._loss_scale import current_loss_scale
 from .._options import options_for
 from .logits import main_head_logits
-from .loss_parts import labels_from_input_ids, mtp_cp_group, mtp_output_layer, safe_token_count
+from .loss_parts import (
+    caller_mask_with_input_id_labels,
+    labels_from_input_ids,
+    mtp_cp_group,
+    mtp_output_layer,
+    safe_token_count,
+)
 
 # 0.16 added standalone MTP pipeline stages: the output-layer stage may hold MTP hidden states
 # without running the MTP block, so upstream keys the loss on the config, not on ``mtp_process``.
@@ -101,7 +111,7 @@ def attach_mtp_losses(
         loss_mask = torch.ones_like(mtp_labels)
     # Before any roll: the token count finalize_model_grads divides by under calculate_per_token_loss.
     original_num_tokens = loss_mask.sum()
-    mtp_loss_scale = config.mtp_loss_scaling_factor / num_depths
+    mtp_loss_scale = config.mtp_loss_scaling_factor * current_loss_scale() / num_depths
     for depth in range(num_depths):
         mtp_logits, _ = output_layer(
             hidden_states_list[depth + 1],
@@ -189,15 +199,18 @@ def wrap_postprocess(original: Callable[..., Any]) -> Callable[..., Any]:
         output_weight = None
         if self.share_embeddings_and_output_weights:
             output_weight = self.shared_embedding_or_output_weight()
-        if labels is None and not options.derive_labels:
-            # Upstream clones labels for MTP and raises. A log-prob pass (reference model, rollout
-            # scoring) needs only the main head: skip the MTP block; hidden states that already
-            # hold MTP outputs (a standalone MTP stage, 0.16) are cut to the main chunk.
+        has_labels = labels is not None
+        if not options.runs_mtp(has_labels):
+            # Without labels upstream clones them for MTP and raises. A log-prob pass (reference
+            # model, rollout scoring), or a model whose MTP is not trained (with_labels="skip"), needs
+            # only the main head: skip the MTP block; hidden states that already hold MTP outputs
+            # (a standalone MTP stage, 0.16) are cut to the main chunk.
             if not mtp_in_postprocess:
                 hidden_states = torch.chunk(hidden_states, 1 + self.config.mtp_num_layers, dim=0)[0]
             return main_head_logits(self, hidden_states, output_weight, runtime_gather_output)
-        if labels is None:
-            labels, loss_mask = labels_from_input_ids(input_ids, loss_mask, _roll_left(self, packed_seq_params))
+        if options.labels_from_input_ids(has_labels):
+            derive = caller_mask_with_input_id_labels if has_labels else labels_from_input_ids
+            labels, loss_mask = derive(input_ids, loss_mask, _roll_left(self, packed_seq_params))
         if mtp_in_postprocess:
             hidden_states = self.mtp(
                 input_ids=input_ids,

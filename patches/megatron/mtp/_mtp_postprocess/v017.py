@@ -18,6 +18,10 @@ model's log-prob pass pays for and, differentiated, gets other gradients from). 
 ``"derive"`` the labels are derived as 0.19 derives them: by 0.19's own ``process_mtp_loss``
 there, by the same roll before ``process_mtp_loss`` on 0.17-0.18.
 
+With labels, ``with_labels="derive"`` hands ``process_mtp_loss`` labels rolled from ``input_ids``
+(the caller's loss mask as given) and ``"skip"`` runs no MTP block; ``mtp.loss_scale(factor)``
+hands it a copy of the config whose ``mtp_loss_scaling_factor`` is multiplied by the factor.
+
 Every other call (inference or speculative decoding, a pipeline stage without the output layer,
 no MTP, a caller's ``output_processor``, a model marked disabled, a positional caller) goes to the
 original unchanged. 0.17's ``_postprocess`` takes ``is_spec_decode``; 0.18+ take ``padding_mask``,
@@ -34,9 +38,16 @@ from megatron.core.transformer.multi_token_prediction import process_mtp_loss, r
 
 from patchkit.runtime.probing import accepts_parameter, get_field
 
+from .._loss_scale import current_loss_scale
 from .._options import options_for
 from .logits import main_head_logits
-from .loss_parts import labels_from_input_ids, mtp_cp_group, mtp_output_layer
+from .loss_parts import (
+    caller_mask_with_input_id_labels,
+    labels_from_input_ids,
+    mtp_cp_group,
+    mtp_output_layer,
+    scaled_config,
+)
 
 try:  # 0.18+: inference is a process-wide mode, not a context argument
     from megatron.core.inference.utils import InferenceMode
@@ -82,22 +93,25 @@ def _run_mtp_block(model: Any, kwargs: dict[str, Any]) -> torch.Tensor:
     )
 
 
-def _labels_and_mask(kwargs: dict[str, Any], cp_group: Any) -> tuple[Any, Optional[torch.Tensor]]:
-    """The caller's labels and loss mask; derived from ``input_ids`` where this release does not."""
+def _labels_and_mask(model: Any, kwargs: dict[str, Any], cp_group: Any) -> tuple[Any, Optional[torch.Tensor]]:
+    """The caller's labels and loss mask; derived from ``input_ids`` where the options say so and
+    this release would not (0.19 derives them itself for a forward without labels)."""
     labels, loss_mask = kwargs.get("labels"), kwargs.get("loss_mask")
-    if labels is not None or _DERIVES_LABELS:
+    has_labels = labels is not None
+    if not options_for(model).labels_from_input_ids(has_labels) or (not has_labels and _DERIVES_LABELS):
         return labels, loss_mask
     roll_left = functools.partial(
         roll_tensor, shifts=-1, dims=-1, cp_group=cp_group, packed_seq_params=kwargs.get("packed_seq_params")
     )
-    return labels_from_input_ids(kwargs["input_ids"], loss_mask, roll_left)
+    derive = caller_mask_with_input_id_labels if has_labels else labels_from_input_ids
+    return derive(kwargs["input_ids"], loss_mask, roll_left)
 
 
 def _attach_mtp_losses(model: Any, hidden_states: torch.Tensor, kwargs: dict[str, Any],
                        output_weight: Any) -> torch.Tensor:
     packed_seq_params = kwargs.get("packed_seq_params")
     cp_group = mtp_cp_group(packed_seq_params, model.pg_collection.cp)
-    labels, loss_mask = _labels_and_mask(kwargs, cp_group)
+    labels, loss_mask = _labels_and_mask(model, kwargs, cp_group)
     optional: dict[str, Any] = {}
     if _TAKES_TP_GROUP:
         optional["tp_group"] = model.tp_group
@@ -112,7 +126,7 @@ def _attach_mtp_losses(model: Any, hidden_states: torch.Tensor, kwargs: dict[str
         runtime_gather_output=kwargs.get("runtime_gather_output"),
         is_training=model.training,
         compute_language_model_loss=model.compute_language_model_loss,
-        config=model.config,
+        config=scaled_config(model.config, current_loss_scale()),
         cp_group=cp_group,
         packed_seq_params=packed_seq_params,
         scale_logits_fn=model._scale_logits if model.config.use_mup else None,
@@ -132,8 +146,9 @@ def wrap_postprocess(original: Callable[..., Any]) -> Callable[..., Any]:
         output_weight = None
         if self.share_embeddings_and_output_weights:
             output_weight = self.shared_embedding_or_output_weight()
-        if kwargs.get("labels") is None and not options_for(self).derive_labels:
-            # A log-prob pass (reference model, rollout scoring): no MTP loss, so no MTP block to run.
+        if not options_for(self).runs_mtp(kwargs.get("labels") is not None):
+            # A log-prob pass (reference model, rollout scoring) or a model whose MTP is not trained
+            # (with_labels="skip"): no MTP loss, so no MTP block to run.
             if not kwargs.get("mtp_in_postprocess"):
                 hidden_states = torch.chunk(hidden_states, 1 + self.config.mtp_num_layers, dim=0)[0]
         else:
