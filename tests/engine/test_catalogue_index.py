@@ -244,8 +244,8 @@ def test_a_patch_whose_every_variant_is_native_waits_for_its_upstreams_package_t
         from patchkit import Patch, Variant
         PATCHES = (Patch(
             id="toy.native_only", summary="s", why="w", upstream="u", removal="r",
-            version_modules={{{up.dist!r}: {up.package!r}}},
-            variants=(Variant(requires={{{up.dist!r}: ">=1"}}, native="upstream does it"),),
+            version_modules={{{up.name!r}: {up.package!r}}},
+            variants=(Variant(requires={{{up.name!r}: ">=1"}}, native="upstream does it"),),
         ),)
     '''))
     toy_catalogue.write_index()
@@ -263,8 +263,8 @@ def test_a_distribution_every_variant_requires_missing_skips_from_the_index_alon
         from patchkit import Patch, Variant, Wrap
         PATCHES = (Patch(
             id="toy.pair_of_dists", summary="s", why="w", upstream="u", removal="r",
-            version_modules={{{up.dist!r}: {up.package!r}}},
-            variants=(Variant(requires={{{up.dist!r}: ">=1", "not-installed-dist": ">=1"}},
+            version_modules={{{up.name!r}: {up.package!r}}},
+            variants=(Variant(requires={{{up.name!r}: ">=1", "not-installed-dist": ">=1"}},
                               installs=(Wrap({up.target("Model.forward")!r}, "._impl:plus_100"),)),),
         ),)
     '''))
@@ -272,7 +272,7 @@ def test_a_distribution_every_variant_requires_missing_skips_from_the_index_alon
     status = {s.id: s for s in toy_catalogue.engine().apply_all()}["toy.pair_of_dists"]
     assert (status.state, status.reason, status.detail) == (State.SKIPPED, Reason.NOT_INSTALLED,
                                                             "not-installed-dist not installed")
-    assert status.versions == {up.dist: up.version, "not-installed-dist": None}
+    assert status.versions == {up.name: up.version, "not-installed-dist": None}
     assert f"{toy_catalogue.name}.{catalogue.DECLARATIONS_MODULE}" not in sys.modules
 
 
