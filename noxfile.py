@@ -50,6 +50,8 @@ DEFAULT_PYTHON = "3.11"
 #: The canary (`nox -s canary`) sets this: install the newest releases, ignoring constraints/.
 UNPINNED = os.environ.get("PATCHKIT_UNPINNED") == "1"
 CONSTRAINTS = ROOT / "constraints"
+#: The most pytest-xdist workers a test session starts unless PATCHKIT_TEST_WORKERS says otherwise.
+MAX_TEST_WORKERS = 4
 
 #: The main job's upstreams: what a Megatron + ModelOpt + Megatron-Bridge trainer has installed today
 #: (Python 3.12), as the export-bridge-0.6 environment of compat_matrix.yaml installs them. Bridge goes
@@ -124,7 +126,18 @@ def _install(session: nox.Session, uninstall: list[str] = ()) -> None:
     # A reused environment made before the distribution was named patchkit-rl still holds the metadata
     # and entry points of `patchkit` (the same import package): removed, so each entry point is there once.
     session.run("uv", "pip", "uninstall", "-q", "patchkit", *uninstall, external=True, silent=True)
-    session.install("-e", ".[matrix]", "pytest", *constraint)
+    session.install("-e", ".[matrix]", "pytest", "pytest-xdist", *constraint)
+
+
+def _test_workers() -> int:
+    """How many pytest-xdist workers a test session starts: PATCHKIT_TEST_WORKERS, else one per usable core.
+
+    At most MAX_TEST_WORKERS by default: every worker imports torch and its upstream (1-3 GB each).
+    """
+    configured = os.environ.get("PATCHKIT_TEST_WORKERS")
+    if configured:
+        return int(configured)
+    return max(1, min(len(os.sched_getaffinity(0)), MAX_TEST_WORKERS))
 
 
 def _tests_session(name: str, env: dict):
@@ -132,7 +145,10 @@ def _tests_session(name: str, env: dict):
         _install(session, env.get("uninstall", []))
         REPORTS.mkdir(parents=True, exist_ok=True)
         targets = pytest_targets.pytest_targets(env["tests"], session.posargs, ROOT)
-        session.run("pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={REPORTS / name}.xml", *targets,
+        # Test files are shared out between workers whole (`loadfile`): a file's tests run in one process, in
+        # order, as they do serially. `-- -n 0` on the command line runs the session in one process.
+        session.run("pytest", "-q", "-p", "no:cacheprovider", f"--numprocesses={_test_workers()}",
+                    "--dist=loadfile", f"--junitxml={REPORTS / name}.xml", *targets,
                     env={str(k): str(v) for k, v in env.get("env", {}).items()})
         if RECORD != "off" and not session.posargs:
             session.run("patchkit", "matrix", "record", "--env", name, *(["--check"] if RECORD == "check" else []))
@@ -233,14 +249,22 @@ def lock(session: nox.Session) -> None:
     # Resolve against the package index alone, so the lock is the same on every machine.
     environ = {key: value for key, value in os.environ.items() if key not in ("UV_FIND_LINKS", "UV_CONSTRAINT")}
 
-    def compile_hashed(what: str, *arguments: str) -> str:
-        """`uv pip compile` with hashes and without comments; the session fails with uv's message."""
-        done = subprocess.run([find_uv_bin(), "pip", "compile", "--quiet", "--no-header", "--no-annotate",
-                               "--generate-hashes", *arguments], capture_output=True, text=True, env=environ,
-                              check=False)
-        if done.returncode != 0:
-            session.error(f"uv pip compile failed for {what}:\n{done.stderr}")
-        return done.stdout
+    def compile_hashed(what: str, *arguments: str, previous: pathlib.Path | None = None) -> str:
+        """`uv pip compile` with hashes and without comments; the session fails with uv's message.
+
+        With ``previous`` (the lock as committed), uv keeps the versions it pins wherever the requirements
+        still allow them: adding one requirement adds it and what it needs, and upgrades nothing else.
+        """
+        with tempfile.TemporaryDirectory() as scratch:
+            output = pathlib.Path(scratch) / "compiled.txt"
+            if previous is not None and previous.is_file():
+                shutil.copyfile(previous, output)  # uv prefers the pins of an existing output file
+            done = subprocess.run([find_uv_bin(), "pip", "compile", "--quiet", "--no-header", "--no-annotate",
+                                   "--generate-hashes", "--output-file", str(output), *arguments],
+                                  capture_output=True, text=True, env=environ, check=False)
+            if done.returncode != 0:
+                session.error(f"uv pip compile failed for {what}:\n{done.stderr}")
+            return output.read_text()
 
     if "tools" in names:
         names.remove("tools")
@@ -259,7 +283,7 @@ def lock(session: nox.Session) -> None:
             compiled = compile_hashed(name, "--python-version", inputs.python, "--python-platform",
                                       "x86_64-manylinux_2_28",
                                       *(arg for path in inputs.overrides for arg in ("--override", str(ROOT / path))),
-                                      str(requirements))
+                                      str(requirements), previous=CONSTRAINTS / f"{name}.txt")
         (CONSTRAINTS / f"{name}.txt").write_text(locks.render(name, inputs, compiled))
 
 

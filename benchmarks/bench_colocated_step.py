@@ -39,14 +39,6 @@ for folder in ("vllm", "e2e"):
     sys.path.insert(0, str(TESTS / folder))
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def start_both(model_dir: Path) -> Any:
     """One NCCL world of one rank; vLLM's model-parallel state and Megatron's built on it."""
     from megatron.core import parallel_state
@@ -55,7 +47,9 @@ def start_both(model_dir: Path) -> Any:
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
     from vllm_cpu_harness import TINY_LLAMA_CONFIG
 
-    method = f"tcp://127.0.0.1:{_free_port()}"
+    # A file store in the run's own temporary folder: no port to pick ahead and lose to another process.
+    # vLLM finds the group already made and does not open the store again.
+    method = f"file://{(model_dir / 'store').resolve()}"
     torch.cuda.set_device(0)
     torch.distributed.init_process_group("nccl", init_method=method, rank=0, world_size=1)
     (model_dir / "config.json").write_text(json.dumps(TINY_LLAMA_CONFIG))

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 #: What every environment installs beside its upstreams (``-e .`` brings patchkit's own dependencies).
-SELF_REQUIREMENTS = ("packaging>=23", "PyYAML>=6", "pytest")
+SELF_REQUIREMENTS = ("packaging>=23", "PyYAML>=6", "pytest", "pytest-xdist")
 #: Distributions whose hashes a lock leaves out (see the module docstring).
 UNHASHED = frozenset({"torch"})
 _DIGEST_LINE = re.compile(r"^# inputs sha256:([0-9a-f]{64})$")

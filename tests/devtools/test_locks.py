@@ -19,7 +19,7 @@ COMPILED = ("einops==0.8.1 \\\n    --hash=sha256:aa\ntorch==2.13.0 \\\n    --has
 def test_no_deps_pins_and_direct_references_are_kept_as_they_are_not_resolved(tmp_path):
     inputs = inputs_for("3.11", STEPS, tmp_path)
     assert inputs.requirements == ("torch==2.13.0", "megatron-core==0.16.1", "einops", "packaging>=23",
-                                   "PyYAML>=6", "pytest")
+                                   "PyYAML>=6", "pytest", "pytest-xdist")
     assert inputs.unresolved == ("megatron-bridge==0.3.1",
                                  "megatron-core @ git+https://github.com/NVIDIA/Megatron-LM@d98e8a6")
 

@@ -1,4 +1,4 @@
-"""No test (and no self-check) picks a port and binds it later, and every multi-process test starts its
+"""No test, self-check or benchmark picks a port and binds it later, and every multi-process test starts its
 ranks through ``tests/_multiprocess.py``.
 
 A port found free (bind port 0, read it, close) and bound moments later by a rank can be taken in
@@ -28,8 +28,8 @@ def sources(*folders: str) -> list[Path]:
                   if p != Path(__file__).resolve() and ".nox" not in p.parts)
 
 
-def test_no_test_or_self_check_picks_a_port_to_bind_later():
-    found = [f"{p.relative_to(ROOT)}:{n}" for p in sources("tests", "patches", "patchkit")
+def test_no_test_self_check_or_benchmark_picks_a_port_to_bind_later():
+    found = [f"{p.relative_to(ROOT)}:{n}" for p in sources("tests", "patches", "patchkit", "benchmarks")
              for n, line in enumerate(p.read_text().splitlines(), 1) if PICKED_PORT.search(line)]
     assert not found, found
 
