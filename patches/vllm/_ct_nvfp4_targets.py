@@ -3,28 +3,37 @@
 ``CompressedTensorsW4A4Fp4`` is the linear scheme for NVFP4 and, with ``use_a16``, NVFP4A16
 checkpoints (releases before 0.24 had a separate ``CompressedTensorsW4A16Fp4``, outside the patch's
 range and not matched here); ``CompressedTensorsW4A4Nvfp4MoEMethod`` is the fused-MoE method.
+
+The classes are read from the modules already imported, never by importing one: a layer of a class
+exists only once its module is imported, and vLLM imports the MoE module only when it builds an
+NVFP4 MoE layer. Importing it from a refit's check could land inside vLLM's own import of the
+compressed-tensors package, a circular import.
 """
 
 from __future__ import annotations
 
-import functools
+import sys
 from typing import Any
 
-from vllm.model_executor.layers.quantization.compressed_tensors import schemes
-from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe import (
-    compressed_tensors_moe_w4a4_nvfp4 as moe_nvfp4,
+SCHEMES = "vllm.model_executor.layers.quantization.compressed_tensors.schemes"
+MOE_NVFP4 = (
+    "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe."
+    "compressed_tensors_moe_w4a4_nvfp4"
 )
 
 
-@functools.cache
+def _imported_class(module: str, name: str) -> type | None:
+    cls = getattr(sys.modules.get(module), name, None)
+    return cls if isinstance(cls, type) else None
+
+
 def linear_scheme_classes() -> tuple[type, ...]:
-    cls = getattr(schemes, "CompressedTensorsW4A4Fp4", None)
+    cls = _imported_class(SCHEMES, "CompressedTensorsW4A4Fp4")
     return (cls,) if cls is not None else ()
 
 
-@functools.cache
 def moe_method_classes() -> tuple[type, ...]:
-    cls = getattr(moe_nvfp4, "CompressedTensorsW4A4Nvfp4MoEMethod", None)
+    cls = _imported_class(MOE_NVFP4, "CompressedTensorsW4A4Nvfp4MoEMethod")
     return (cls,) if cls is not None else ()
 
 

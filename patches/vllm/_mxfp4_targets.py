@@ -87,6 +87,11 @@ def unrefittable_reason(method: Any) -> str | None:
     return None
 
 
+def describe(method: Any) -> str:
+    """The layer's backend, or why it cannot be refitted, for messages."""
+    return unrefittable_reason(method) or f"MXFP4 backend {backend_name(method)}"
+
+
 def checkpoint_shapes(method: Any, layer: Any) -> dict[str, tuple[int, ...]]:
     """The checkpoint's shape of each parameter of ``layer`` that vLLM padded (empty: none is)."""
     sizes = _Sizes.of(method, layer)

@@ -43,9 +43,10 @@ from typing import Any
 
 import torch
 
-from . import _refit_plain, _refit_writes
+from . import _refit_finite, _refit_plain, _refit_writes
 from ._errors import RefitError, RefitInProgressError, UnsupportedQuantizationError
 from ._refit_commit import CommitUndo
+from ._refit_coverage import describe_key
 from ._refit_kv_slots import ServedScales
 from ._refit_loaders import counting_loader, get_loader, refuse_without_data, set_loader
 from ._refit_session import claimed
@@ -67,6 +68,7 @@ logger = logging.getLogger(__name__)
 
 _KV_STAGING_ATTR = "_patchkit_kv_refit_staging"
 _WRITES_ATTR = "_patchkit_refit_write_counting"  #: the refit's hold on _refit_writes
+_ALLOW_NON_FINITE_ATTR = "_patchkit_refit_allow_non_finite"  #: this refit takes NaN/Inf (opt-out)
 _KV_SCALE_NAMES = ("q_scale", "k_scale", "v_scale", "prob_scale")
 #: placeholders compressed-tensors' KV-cache method registers beside the scales (symmetric only: unread)
 _KV_ZERO_POINT_NAMES = ("q_zero_point", "k_zero_point", "v_zero_point")
@@ -76,12 +78,12 @@ _EXACT_DTYPES = frozenset({torch.uint8, torch.int8, torch.float8_e4m3fn, torch.f
 # --- prepare -------------------------------------------------------------------------------------
 
 
-def prepare(model: torch.nn.Module) -> None:
+def prepare(model: torch.nn.Module, allow_non_finite: bool = False) -> None:
     with claimed(model, _abort):
-        _prepare(model)
+        _prepare(model, allow_non_finite)
 
 
-def _prepare(model: torch.nn.Module) -> None:
+def _prepare(model: torch.nn.Module, allow_non_finite: bool = False) -> None:
     layers = list(_recorded_layers(model))
     kv_layers = list(_kv_scale_layers(model))
     _refuse_unrefittable_layers(model)
@@ -95,6 +97,7 @@ def _prepare(model: torch.nn.Module) -> None:
     try:
         # Installed once for the refit, not per loader call (each install rewrites torch.Tensor).
         object.__setattr__(model, _WRITES_ATTR, _refit_writes.hold())
+        object.__setattr__(model, _ALLOW_NON_FINITE_ATTR, _refit_finite.allowed(allow_non_finite))
         for name, layer, state in layers:
             _stage_layer(name, layer, state)
         for name, layer in kv_layers:
@@ -238,6 +241,8 @@ def _finish(model: torch.nn.Module, window: SignalWindow) -> None:
     kv_layers = [(name, layer) for name, layer in _kv_scale_layers(model) if hasattr(layer, _KV_STAGING_ATTR)]
     try:
         _check_all_loaded(layers)
+        if not model.__dict__.get(_ALLOW_NON_FINITE_ATTR, False):
+            _check_finite(layers)
         processed = []
         for name, layer, state in layers:
             window.safe_point()  # a signal held so far rolls the refit back here
@@ -267,15 +272,32 @@ def _finish(model: torch.nn.Module, window: SignalWindow) -> None:
 
 
 def _check_all_loaded(layers: list[tuple[str, torch.nn.Module, LayerRefitState]]) -> None:
-    """Each checkpoint parameter ``create_weights`` registered must be written in full (placeholders
-    the method never reads excepted), whether the model's first load was real or dummy."""
+    """Each checkpoint parameter ``create_weights`` registered must be written in full, every element
+    by exactly one refit tensor (placeholders the method never reads excepted), whether the model's
+    first load was real or dummy (``_refit_coverage``)."""
     for layer_name, _, state in layers:
         assert state.staging is not None
         log = state.staging.log
         for name, spec in state.checkpoint.items():
-            copied = log.copied.get(name, 0)
-            if copied >= spec.required:
+            coverage = log.coverage.get(name)
+            param = state.staging.params[name]
+            if coverage is not None and coverage.doubled:
+                doubled = "; ".join(sorted({describe_key(key) for key in coverage.doubled}))
+                missing = coverage.missing(param, spec.required)
+                also = f", and {missing} of its {spec.required} elements were not written" if missing else ""
+                raise RefitError(
+                    f"refit of layer {layer_name!r}: parameter {name!r} ({spec.describe()}) was written twice"
+                    f" by refit tensors for the same place ({doubled}){also}: a tensor was sent twice, under"
+                    " its own name or another's",
+                    layer=layer_name,
+                    parameter=name,
+                    expected="each part written once",
+                    got=f"written twice ({doubled})",
+                )
+            missing = coverage.missing(param, spec.required) if coverage is not None else spec.required
+            if not missing:
                 continue
+            copied = spec.required - missing
             seen = ", ".join(shape_text(s) for s in log.shapes.get(name, []))
             got = f"{copied} of {spec.required} elements" + (f" from refit tensors of shape {seen}" if seen else "")
             raise RefitError(
@@ -286,6 +308,26 @@ def _check_all_loaded(layers: list[tuple[str, torch.nn.Module, LayerRefitState]]
                 expected=spec.describe(),
                 got=got if copied else "missing",
             )
+
+
+def _check_finite(layers: list[tuple[str, torch.nn.Module, LayerRefitState]]) -> None:
+    """Refuse a staged parameter holding NaN or infinity (``_refit_finite``), naming layer and parameter."""
+    for layer_name, _, state in layers:
+        assert state.staging is not None
+        for name, param in state.staging.params.items():
+            if name not in state.staging.log.coverage:
+                continue  # an unread placeholder the refit did not send
+            bad = _refit_finite.non_finite(name, param)
+            if bad is not None:
+                raise RefitError(
+                    f"refit of layer {layer_name!r}: parameter {name!r} ({describe_tensor(param)}) holds {bad};"
+                    f" nothing was changed. To load it anyway, as vLLM does, pass allow_non_finite=True"
+                    f" (or set {_refit_finite.ALLOW_ENV}=1)",
+                    layer=layer_name,
+                    parameter=name,
+                    expected="finite values",
+                    got=bad,
+                )
 
 
 def _process(layer_name: str, layer: torch.nn.Module, state: LayerRefitState) -> KernelTensors:
@@ -355,6 +397,7 @@ def refit_weights(
     model: torch.nn.Module,
     weights: Iterable[tuple[str, torch.Tensor]],
     load_weights: Callable[[Iterable[tuple[str, torch.Tensor]]], Any] | None,
+    allow_non_finite: bool = False,
 ) -> None:
     load = load_weights if load_weights is not None else _default_loader(model)
     current: list[str] = []
@@ -375,7 +418,7 @@ def refit_weights(
             yield name, tensor
 
     with claimed(model, _abort) as call:
-        _prepare(model)
+        _prepare(model, allow_non_finite)
         try:
             with call.window.interruptible():
                 load(stream())
@@ -444,16 +487,17 @@ def _abort(model: torch.nn.Module) -> None:
 
 
 def _release_write_counting(model: torch.nn.Module) -> None:
+    model.__dict__.pop(_ALLOW_NON_FINITE_ATTR, None)
     hold = model.__dict__.pop(_WRITES_ATTR, None)
     if hold is not None:
         hold.release()
 
 
 @contextlib.contextmanager
-def refitting(model: torch.nn.Module) -> Iterator[None]:
+def refitting(model: torch.nn.Module, allow_non_finite: bool = False) -> Iterator[None]:
     """The ``with refit(model)`` block: prepare, the block (interruptible), finish; abort on error."""
     with claimed(model, _abort) as call:
-        _prepare(model)
+        _prepare(model, allow_non_finite)
         try:
             with call.window.interruptible():
                 yield
@@ -485,15 +529,35 @@ def _kv_scale_layers(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Mod
 
 def _refuse_unrefittable_layers(model: torch.nn.Module) -> None:
     """Refuse, before any write, a layer whose quant method patchkit cannot refit (``_refit_targets``):
-    one of a recorded format that its patch did not record, or one of any other quantization."""
-    from ._refit_targets import SUPPORTED, describe_method, loads_in_place, recording_patch
+    one of a recorded format that its patch did not record, or whose patch was reverted since it
+    recorded it, or one of any other quantization."""
+    import patchkit
+
+    from ._refit_targets import describe_method, loads_in_place, recording_patch, supported
+
+    installed: dict[str, bool] = {}
+
+    def is_installed(patch_id: str) -> bool:
+        if patch_id not in installed:
+            installed[patch_id] = patchkit.why_not_installed(patch_id) is None
+        return installed[patch_id]
 
     for name, module in model.named_modules():
         method = getattr(module, "quant_method", None)
-        if STATE_ATTR in module.__dict__ or loads_in_place(method):
+        recorded = STATE_ATTR in module.__dict__
+        if not recorded and loads_in_place(method):
             continue
         described = describe_method(module, method)
         patch_id = recording_patch(method, module)
+        if recorded:
+            if patch_id is None or is_installed(patch_id):
+                continue
+            raise RefitError(
+                f"layer {name!r} ({described}) was recorded by patch {patch_id!r}, which is no longer"
+                " installed (reverted or switched off), so a refit through it is refused; apply it again"
+                " (patchkit.apply_all()) to refit this layer. Nothing was changed",
+                layer=name,
+            )
         if patch_id is not None:
             raise RefitError(
                 f"layer {name!r} ({described}) was processed before patchkit recorded"
@@ -503,11 +567,11 @@ def _refuse_unrefittable_layers(model: torch.nn.Module) -> None:
             )
         raise UnsupportedQuantizationError(
             f"layer {name!r} uses {described}, which patchkit cannot refit (its processed kernel"
-            f" tensors would be overwritten with checkpoint tensors); a refit supports {SUPPORTED}."
+            f" tensors would be overwritten with checkpoint tensors); a refit supports {supported()}."
             " Nothing was changed",
             layer=name,
             method=described,
-            supported=SUPPORTED,
+            supported=supported(),
         )
 
 

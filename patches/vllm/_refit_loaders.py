@@ -10,7 +10,8 @@ from typing import Any
 
 import torch
 
-from ._errors import RefitDeviceError
+from ._errors import RefitDeviceError, RefitError
+from ._refit_coverage import call_key, expected_counts
 from ._refit_state import LoadLog, describe_tensor
 from ._refit_writes import WriteCounter
 
@@ -27,7 +28,11 @@ def counting_loader(
     check: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
     on_error: Callable[[torch.Tensor, torch.Tensor, Exception], Exception] | None = None,
 ) -> Callable[..., Any]:
-    """``original``, counting the elements each call writes into ``log_of()[name]`` (at most ``capacity``).
+    """``original``, counting the elements each call writes into ``log_of()[name]`` (at most ``capacity``)
+    and which regions of the destination parameter it wrote, under which call arguments
+    (``_refit_coverage``). A call that writes more or fewer elements of the parameter than the refit
+    tensor has (or, under tensor parallelism, than its rank's share) is refused: vLLM's fused-linear
+    loaders narrow an oversized tensor to the shard and copy on without a word.
 
     The log is looked up per call, so one wrapper serves every refit of a parameter. Nothing here
     reads the destination's attributes: on a vLLM parameter each read is a ``__torch_function__``
@@ -46,7 +51,19 @@ def counting_loader(
             if on_error is None:
                 raise
             raise on_error(target, loaded_weight, exc) from exc
-        log_of().record(name, counter.copied, capacity, tuple(loaded_weight.shape))
+        log = log_of()
+        log.record(name, counter.copied, capacity, tuple(loaded_weight.shape))
+        written = log.coverage_of(name).add(target, counter.destinations, call_key(args, kwargs))
+        if written and isinstance(loaded_weight, torch.Tensor) and written not in expected_counts(loaded_weight):
+            problem = ValueError(
+                f"the loader wrote {written} elements of the parameter from a refit tensor of"
+                f" {loaded_weight.numel()}: the tensor is {'larger' if loaded_weight.numel() > written else 'smaller'}"
+                " than the part of the parameter it fills"
+            )
+            if on_error is None:
+                raise RefitError(f"parameter {name!r}: {problem}", parameter=name,
+                                 got=describe_tensor(loaded_weight)) from problem
+            raise on_error(target, loaded_weight, problem) from problem
         return result
 
     return loader

@@ -4,13 +4,8 @@ from __future__ import annotations
 
 import patchkit
 
-from ._constants import REFIT_PATCH_ID as PATCH_ID
 from ._errors import RefitError
-
-#: the patches that record layers for ``refit``: NVFP4 (the backend's own id), FP8, compressed-tensors NVFP4,
-#: MXFP4 MoE and ModelOpt MXFP8
-RECORDING_PATCHES = (PATCH_ID, "vllm.fp8_refit", "vllm.compressed_tensors_nvfp4_refit", "vllm.mxfp4_moe_refit",
-                     "vllm.mxfp8_refit")
+from ._refit_targets import recording_patches
 
 
 def current_mode() -> str:
@@ -18,7 +13,8 @@ def current_mode() -> str:
 
     A layer whose own format's patch is off is refused by name when a refit starts.
     """
-    problem = patchkit.why_not_installed(*RECORDING_PATCHES)
+    # the patches that record layers for a refit, one per format (``_refit_targets.FORMATS``)
+    problem = patchkit.why_not_installed(*recording_patches())
     if problem is None:
         return "patchkit"
     raise RefitError(

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from ._refit_coverage import Coverage
+
 STATE_ATTR = "_patchkit_refit_state"
 #: names of the parameters the quant method's ``create_weights`` registered on the layer
 CREATED_ATTR = "_patchkit_created_params"
@@ -163,12 +165,20 @@ class LoadLog:
 
     copied: dict[str, int] = field(default_factory=dict)  #: elements written (capped at numel)
     shapes: dict[str, list[tuple[int, ...]]] = field(default_factory=dict)  #: refit tensors seen
+    #: which regions were written, by which loader calls (``_refit_coverage``)
+    coverage: dict[str, Coverage] = field(default_factory=dict)
 
     def record(self, name: str, numel_copied: int, capacity: int, shape: tuple[int, ...]) -> None:
         self.copied[name] = min(capacity, self.copied.get(name, 0) + numel_copied)
         seen = self.shapes.setdefault(name, [])
         if shape not in seen:
             seen.append(shape)
+
+    def coverage_of(self, name: str) -> Coverage:
+        coverage = self.coverage.get(name)
+        if coverage is None:
+            coverage = self.coverage[name] = Coverage()
+        return coverage
 
     def loaded(self) -> set[str]:
         return {name for name, count in self.copied.items() if count > 0}

@@ -1,25 +1,22 @@
-"""Which layers a refit can take, by quant method: an allow-list, checked before anything is written.
+"""Which layers a refit can take, by quant method: one table of formats, checked before anything is written.
 
 - No quant method, vLLM's unquantized linear/embedding/fused-MoE methods (subclasses too, such as the
   MoE router's gate method: they keep the checkpoint layout) and KV-cache methods (their scales are
   refitted by ``_refit_impl``): loaded in place.
-- ModelOpt NVFP4 (``vllm.nvfp4_refit``, subclasses too) and FP8 (``vllm.fp8_refit``,
-  ``Fp8LinearMethod``/``Fp8MoEMethod`` exactly): refitted once their patch has recorded the layer; a
-  layer of one of these that was processed before its patch recorded it is refused by name, naming
-  the patch.
-- compressed-tensors NVFP4 (``vllm.compressed_tensors_nvfp4_refit``): a ``CompressedTensorsLinearMethod``
-  layer whose ``layer.scheme`` is ``CompressedTensorsW4A4Fp4``, and ``CompressedTensorsW4A4Nvfp4MoEMethod``;
-  the same rule (recorded, else refused naming the patch).
-- ModelOpt MXFP8 (``vllm.mxfp8_refit``, ``ModelOptMxFp8LinearMethod``/``ModelOptMxFp8FusedMoE`` exactly):
-  the same rule. From vLLM 0.30 an MXFP8 linear layer uses the generic ``ModelOptLinearMethod``
-  (``vllm.nvfp4_refit``).
-- MXFP4 fused-MoE (``vllm.mxfp4_moe_refit``, ``GptOssMxfp4MoEMethod``/``Mxfp4MoEMethod`` exactly): the
-  same, for a layer on a backend the refit is proven on (``_mxfp4_targets``); any other MXFP4 layer is
-  refused, its backend named.
-- Anything else (other compressed-tensors schemes, which hang off ``layer.scheme``; AWQ/GPTQ; online
-  FP8, a bf16 checkpoint quantised at load, whose classes subclass neither FP8 method): refused.
-  Their processing turns checkpoint tensors into kernel tensors patchkit has not recorded, so vLLM's
-  loaders would write raw checkpoint values into them and the model would serve garbage.
+- A layer of a format in :data:`FORMATS` is refitted once that format's patch has recorded it (and is
+  still installed); one processed before its patch recorded it, or whose patch was reverted since, is
+  refused by name, naming the patch.
+- Anything else (compressed-tensors schemes other than NVFP4, which hang off ``layer.scheme``;
+  AWQ/GPTQ; online FP8, a bf16 checkpoint quantised at load, whose classes subclass neither FP8
+  method): refused. Their processing turns checkpoint tensors into kernel tensors patchkit has not
+  recorded, so vLLM's loaders would write raw checkpoint values into them and the model would serve
+  garbage.
+
+A format is recognised by its quant-method classes (exactly, or with subclasses), or, for
+compressed-tensors linear layers (one generic method for every scheme), by the scheme vLLM put on
+``layer.scheme``. Classes are looked up in the modules already imported, never by importing one: a
+layer of a class exists only once its module is imported, and an import from inside a refit's check
+could land inside vLLM's own import of that module (a circular import).
 
 A fused-MoE layer whose method vLLM wrapped in ``FusedMoEModularMethod`` is judged by the method it
 wraps (``old_quant_method``).
@@ -27,59 +24,117 @@ wraps (``old_quant_method``).
 
 from __future__ import annotations
 
-import functools
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from vllm.model_executor.layers.quantization import fp8
-
 from . import _mxfp4_targets
-from ._nvfp4_targets import nvfp4_method_classes
+from ._constants import REFIT_PATCH_ID
 
-_FP8_NAMES = ("Fp8LinearMethod", "Fp8MoEMethod")
-#: ``ModelOptMxFp8LinearMethod`` exists in vLLM 0.16-0.29, ``ModelOptMxFp8FusedMoE`` in 0.18-0.33
-_MXFP8_NAMES = ("ModelOptMxFp8LinearMethod", "ModelOptMxFp8FusedMoE")
+_QUANT = "vllm.model_executor.layers.quantization"
+FP8 = f"{_QUANT}.fp8"
+MODELOPT = f"{_QUANT}.modelopt"
+MXFP4 = f"{_QUANT}.mxfp4"
+CT_SCHEMES = f"{_QUANT}.compressed_tensors.schemes"
+CT_MOE_NVFP4 = f"{_QUANT}.compressed_tensors.compressed_tensors_moe.compressed_tensors_moe_w4a4_nvfp4"
 
-#: What a refit takes, for error messages.
-SUPPORTED = (
-    "unquantized layers, KV-cache scales, ModelOpt NVFP4 layers (vllm.nvfp4_refit) and FP8-serialised"
-    " Fp8LinearMethod/Fp8MoEMethod layers (vllm.fp8_refit), compressed-tensors NVFP4 layers"
-    " (vllm.compressed_tensors_nvfp4_refit), ModelOpt MXFP8 layers (vllm.mxfp8_refit), " + _mxfp4_targets.SUPPORTED
+
+@dataclass(frozen=True)
+class RefitFormat:
+    """One format a refit takes: how its layers are recognised and which patch records them."""
+
+    #: the patch that records this format's layers
+    patch_id: str
+    #: what a refit takes of it, for error messages
+    describe: str
+    #: its quant-method classes, as ``"module:Class"`` (a name a release lacks is skipped)
+    methods: tuple[str, ...] = ()
+    #: whether subclasses of :attr:`methods` are this format too
+    subclasses: bool = False
+    #: compressed-tensors schemes on ``layer.scheme``, as ``"module:Class"`` (exactly)
+    schemes: tuple[str, ...] = ()
+    #: why a layer of this format cannot be refitted after all (its backend), or ``None``
+    unrefittable: Callable[[Any], str | None] | None = None
+    #: what to add to the method's name in a message about a layer of this format
+    detail: Callable[[Any], str] | None = None
+
+    def method_classes(self) -> tuple[type, ...]:
+        return _imported(self.methods)
+
+    def matches(self, method: Any, layer: Any) -> bool:
+        """Whether a layer with quant method ``method`` (already unwrapped) is of this format."""
+        classes = self.method_classes()
+        if classes and (isinstance(method, classes) if self.subclasses else type(method) in classes):
+            return True
+        return bool(self.schemes) and layer is not None and type(getattr(layer, "scheme", None)) in _imported(
+            self.schemes)
+
+
+#: Every format a refit takes, in the order they are tried (exact classes before subclass matches).
+FORMATS: tuple[RefitFormat, ...] = (
+    RefitFormat(
+        "vllm.fp8_refit", "FP8-serialised Fp8LinearMethod/Fp8MoEMethod layers (vllm.fp8_refit)",
+        methods=(f"{FP8}:Fp8LinearMethod", f"{FP8}:Fp8MoEMethod"),
+    ),
+    RefitFormat(
+        # ModelOptMxFp8LinearMethod exists in vLLM 0.16-0.29, ModelOptMxFp8FusedMoE in 0.18-0.33; from
+        # 0.30 an MXFP8 linear layer uses the generic ModelOptLinearMethod (vllm.nvfp4_refit).
+        "vllm.mxfp8_refit", "ModelOpt MXFP8 layers (vllm.mxfp8_refit)",
+        methods=(f"{MODELOPT}:ModelOptMxFp8LinearMethod", f"{MODELOPT}:ModelOptMxFp8FusedMoE"),
+    ),
+    RefitFormat(
+        "vllm.nvfp4_refit", "ModelOpt NVFP4 layers (vllm.nvfp4_refit)",
+        methods=tuple(f"{MODELOPT}:{name}" for name in (
+            "ModelOptNvFp4LinearMethod", "ModelOptNvFp4W4A16LinearMethod", "ModelOptLinearMethod",
+            "ModelOptNvFp4FusedMoE")),
+        subclasses=True,
+    ),
+    RefitFormat(
+        "vllm.compressed_tensors_nvfp4_refit",
+        "compressed-tensors NVFP4 linear layers (vllm.compressed_tensors_nvfp4_refit)",
+        schemes=(f"{CT_SCHEMES}:CompressedTensorsW4A4Fp4",),
+    ),
+    RefitFormat(
+        "vllm.compressed_tensors_nvfp4_moe_refit",
+        "compressed-tensors NVFP4 fused-MoE layers (vllm.compressed_tensors_nvfp4_moe_refit)",
+        methods=(f"{CT_MOE_NVFP4}:CompressedTensorsW4A4Nvfp4MoEMethod",),
+    ),
+    RefitFormat(
+        "vllm.mxfp4_moe_refit", _mxfp4_targets.SUPPORTED,
+        methods=(f"{MXFP4}:GptOssMxfp4MoEMethod", f"{MXFP4}:Mxfp4MoEMethod"),
+        unrefittable=_mxfp4_targets.unrefittable_reason,
+        detail=_mxfp4_targets.describe,
+    ),
 )
 
 
-@functools.cache
-def fp8_method_classes() -> tuple[type, ...]:
-    return tuple(cls for name in _FP8_NAMES if (cls := getattr(fp8, name, None)) is not None)
+
+def supported() -> str:
+    """What a refit takes, for error messages."""
+    return "unquantized layers, KV-cache scales, " + ", ".join(f.describe for f in FORMATS)
 
 
-@functools.cache
-def mxfp8_method_classes() -> tuple[type, ...]:
-    from vllm.model_executor.layers.quantization import modelopt
+def recording_patches() -> tuple[str, ...]:
+    """The patches that record layers for a refit, each once, the first refit patch first (its state
+    is what ``refit_mode`` reports when none is installed)."""
+    return tuple(dict.fromkeys((REFIT_PATCH_ID, *(f.patch_id for f in FORMATS))))
 
-    return tuple(cls for name in _MXFP8_NAMES if (cls := getattr(modelopt, name, None)) is not None)
+
+def format_of(method: Any, layer: Any = None) -> RefitFormat | None:
+    """The format of a layer with quant method ``method``, if a refit takes it."""
+    method = wrapped_method(method)
+    for fmt in FORMATS:
+        if fmt.matches(method, layer):
+            return fmt if fmt.unrefittable is None or fmt.unrefittable(method) is None else None
+    return None
 
 
 def recording_patch(method: Any, layer: Any = None) -> str | None:
     """The patch that must record ``layer`` (quant method ``method``) before it can be refitted
     (``None``: a layer the refit loads in place, or does not cover)."""
-    method = wrapped_method(method)
-    if type(method) in fp8_method_classes():
-        return "vllm.fp8_refit"
-    if type(method) in mxfp8_method_classes():
-        return "vllm.mxfp8_refit"
-    if isinstance(method, _nvfp4_classes()):
-        return "vllm.nvfp4_refit"
-    if _is_compressed_tensors_nvfp4(method, layer):
-        return "vllm.compressed_tensors_nvfp4_refit"
-    if _mxfp4_targets.is_mxfp4_method(method) and _mxfp4_targets.unrefittable_reason(method) is None:
-        return "vllm.mxfp4_moe_refit"
-    return None
-
-
-def _is_compressed_tensors_nvfp4(method: Any, layer: Any) -> bool:
-    from ._ct_nvfp4_targets import is_nvfp4_linear, moe_method_classes
-
-    return type(method) in moe_method_classes() or (layer is not None and is_nvfp4_linear(layer))
+    fmt = format_of(method, layer)
+    return fmt.patch_id if fmt is not None else None
 
 
 def loads_in_place(method: Any) -> bool:
@@ -95,28 +150,33 @@ def wrapped_method(method: Any) -> Any:
 
 
 def describe_method(layer: Any, method: Any) -> str:
-    """The layer's method class, with the compressed-tensors scheme it delegates to (``layer.scheme``)."""
+    """The layer's method class, with the compressed-tensors scheme it delegates to (``layer.scheme``)
+    and, for a format whose layer cannot be refitted after all, why."""
     method = wrapped_method(method)
     text = type(method).__name__
     scheme = getattr(layer, "scheme", None)
     if scheme is not None:
         text += f" (scheme {type(scheme).__name__})"
-    if _mxfp4_targets.is_mxfp4_method(method):
-        reason = _mxfp4_targets.unrefittable_reason(method)
-        text += f" ({reason or 'MXFP4 backend ' + _mxfp4_targets.backend_name(method)})"
+    for fmt in FORMATS:
+        if fmt.detail is not None and fmt.matches(method, layer):
+            text += f" ({fmt.detail(method)})"
     return text
 
 
-@functools.cache
-def _nvfp4_classes() -> tuple[type, ...]:
-    return nvfp4_method_classes()
+def _imported(references: tuple[str, ...]) -> tuple[type, ...]:
+    classes = []
+    for reference in references:
+        module, _, name = reference.partition(":")
+        cls = getattr(sys.modules.get(module), name, None)
+        if isinstance(cls, type):
+            classes.append(cls)
+    return tuple(classes)
 
 
-@functools.cache
 def _in_place_classes() -> tuple[type, ...]:
-    from vllm.model_executor.layers.fused_moe import UnquantizedFusedMoEMethod
-    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
-    from vllm.model_executor.layers.quantization.kv_cache import BaseKVCacheMethod
-    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
-
-    return (UnquantizedLinearMethod, UnquantizedEmbeddingMethod, UnquantizedFusedMoEMethod, BaseKVCacheMethod)
+    return _imported((
+        "vllm.model_executor.layers.fused_moe:UnquantizedFusedMoEMethod",
+        "vllm.model_executor.layers.linear:UnquantizedLinearMethod",
+        "vllm.model_executor.layers.quantization.kv_cache:BaseKVCacheMethod",
+        "vllm.model_executor.layers.vocab_parallel_embedding:UnquantizedEmbeddingMethod",
+    ))

@@ -2,8 +2,8 @@
 
 Every vLLM weight loader ends in an in-place write into the destination parameter (possibly
 narrowed to a shard or an expert): ``copy_`` mostly, item assignment (fused-MoE per-tensor scales),
-``fill_`` (``default_weight_loader`` for scalars). Counting the elements those writes cover tells
-how much of a parameter a load filled, whatever the loader's sharding logic.
+``fill_`` (``default_weight_loader`` for scalars). Those writes' destinations tell which part of a
+parameter a load filled (``_refit_coverage``), whatever the loader's sharding logic.
 
 vLLM's layerwise reload counts ``aten.copy_`` with a ``TorchDispatchMode``
 (``model_loader/reload/meta.py``, 0.16+); patchkit used a ``TorchFunctionMode`` before. A mode sees
@@ -50,12 +50,15 @@ class WriteCounter:
     Nests: an inner counter hides the outer one until it exits.
     """
 
-    __slots__ = ("copied", "_outer", "_hold")
+    __slots__ = ("copied", "destinations", "_outer", "_hold")
 
     _hold: Hold | None
 
     def __init__(self) -> None:
         self.copied = 0
+        #: each write's destination and, for an item write, its index (``_refit_coverage`` maps them
+        #: onto the parameter written)
+        self.destinations: list[tuple[torch.Tensor, Any]] = []
 
     def __enter__(self) -> WriteCounter:
         # Inside a refit the counting is installed already: then entering changes nothing but this
@@ -129,6 +132,7 @@ def _counting_whole_write(original: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             _thread.writing = False
         counter.copied += self.numel()
+        counter.destinations.append((self, None))
         return result
 
     return write
@@ -148,5 +152,6 @@ def _counting_item_write(original: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             _thread.writing = False
         counter.copied += written
+        counter.destinations.append((self, index))
 
     return write

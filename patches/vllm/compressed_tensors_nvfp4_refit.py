@@ -1,4 +1,4 @@
-"""vLLM compressed-tensors NVFP4 linear and fused-MoE layers that can be refitted in place, any number of times.
+"""vLLM compressed-tensors NVFP4 linear layers that can be refitted in place, any number of times.
 
 Declaration only (see docs/writing-patches.md). The refit is driven through
 ``patchkit.patches.vllm.refit`` (the same calls as for ModelOpt NVFP4 and FP8); this patch records
@@ -27,9 +27,9 @@ layer only when its scheme is the NVFP4 one (``_ct_nvfp4_refit_record``); a laye
 passes straight through and a refit still refuses it (``_refit_targets``: ``UnsupportedQuantizationError``).
 verl (V24, ``verl/utils/qat/vllm_patch.py``) and slime (S22) patch these three methods for the same reason.
 
-0.24-0.28 also get a wrap of the MoE method's ``__init__`` that keeps ``use_a16`` on the method, as
-0.29+ do (``_ct_nvfp4_moe_a16``): without it a refit of an NVFP4A16 MoE layer demanded the input global
-scales such a checkpoint does not carry (found on an H100 with vLLM 0.24.0's Marlin kernels).
+The fused-MoE method is ``vllm.compressed_tensors_nvfp4_moe_refit``'s: vLLM imports its module only
+when it builds an NVFP4 MoE layer, and a patch waits until every module it targets is imported, so a
+dense model's linear layers would never be recorded if one patch targeted both.
 
 No range is declared ``native``: vLLM's layerwise reload (``reload_weights``, vLLM #32133, in 0.29 and
 0.33) is not all-or-nothing on bad input (``tests/vllm/test_fp8_refit.py`` and
@@ -41,23 +41,12 @@ from __future__ import annotations
 from patchkit import Patch, Variant, Wrap
 
 CT = "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors"
-CT_MOE_NVFP4 = (
-    "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe."
-    "compressed_tensors_moe_w4a4_nvfp4"
-)
 _CT_RECORD = "._ct_nvfp4_refit_record"
-_RECORD = "._refit_record"
-_KEEP_A16 = "._ct_nvfp4_moe_a16"
 
 _LINEAR = (
     Wrap(f"{CT}:CompressedTensorsLinearMethod.create_weights", f"{_CT_RECORD}:wrap_create_weights"),
     Wrap(f"{CT}:CompressedTensorsLinearMethod.process_weights_after_loading",
          f"{_CT_RECORD}:wrap_process_weights_after_loading"),
-)
-_MOE = (
-    Wrap(f"{CT_MOE_NVFP4}:CompressedTensorsW4A4Nvfp4MoEMethod.create_weights", f"{_RECORD}:wrap_create_weights"),
-    Wrap(f"{CT_MOE_NVFP4}:CompressedTensorsW4A4Nvfp4MoEMethod.process_weights_after_loading",
-         f"{_RECORD}:wrap_process_weights_after_loading"),
 )
 
 PATCHES = (
@@ -65,14 +54,14 @@ PATCHES = (
         id="vllm.compressed_tensors_nvfp4_refit",
         self_check="._checks.compressed_tensors_nvfp4_refit:check_compressed_tensors_nvfp4_refit",
         summary=(
-            "compressed-tensors NVFP4 linear (W4A4, W4A16) and MoE layers record their checkpoint "
+            "compressed-tensors NVFP4 linear layers (W4A4, W4A16) record their checkpoint "
             "parameters so patchkit.patches.vllm.refit can reload them into the same kernel tensors."
         ),
         why=(
-            "CompressedTensorsW4A4Fp4 (linear, W4A4 and use_a16) and CompressedTensorsW4A4Nvfp4MoEMethod "
-            "rename weight_packed, replace the global scales and convert to kernel layout in "
-            "process_weights_after_loading, so an RL loop's second load_weights fails; verl and slime "
-            "patch these methods, and vLLM's own layerwise reload is not all-or-nothing on bad input."
+            "CompressedTensorsW4A4Fp4 (linear, W4A4 and use_a16) renames weight_packed, replaces the "
+            "global scales and converts to kernel layout in process_weights_after_loading, so an RL "
+            "loop's second load_weights fails; verl and slime patch these methods, and vLLM's own "
+            "layerwise reload is not all-or-nothing on bad input."
         ),
         upstream=(
             "https://github.com/vllm-project/vllm/blob/v0.29.0/vllm/model_executor/layers/quantization/"
@@ -84,22 +73,7 @@ PATCHES = (
         ),
         version_modules={"vllm": "vllm"},
         variants=(
-            Variant(
-                # 0.24-0.28 forget the MoE method's use_a16, which tells a refit that an NVFP4A16
-                # layer's input global scales are placeholders its checkpoint does not carry.
-                requires={"vllm": ">=0.24,<0.29"},
-                installs=(
-                    *_LINEAR,
-                    *_MOE,
-                    Wrap(f"{CT_MOE_NVFP4}:CompressedTensorsW4A4Nvfp4MoEMethod.__init__", f"{_KEEP_A16}:wrap_init"),
-                ),
-                label="ct-nvfp4-linear-moe-keep-a16",
-            ),
-            Variant(
-                requires={"vllm": ">=0.29,<0.34"},
-                installs=(*_LINEAR, *_MOE),
-                label="ct-nvfp4-linear-moe",
-            ),
+            Variant(requires={"vllm": ">=0.24,<0.34"}, installs=_LINEAR, label="ct-nvfp4-linear"),
         ),
     ),
 )

@@ -68,9 +68,9 @@ PATCH_ID = REFIT_PATCH_ID
 
 
 def refit_mode() -> str:
-    """How refits run in this process: ``"patchkit"`` (the only backend so far).
+    """How refits run in this process: ``"patchkit"`` (no vLLM range is declared native yet).
 
-    Raises :class:`RefitError` when no refit patch (``vllm.nvfp4_refit``, ``vllm.fp8_refit``) is
+    Raises :class:`RefitError` when no refit patch (``vllm.nvfp4_refit``, ``vllm.fp8_refit``, ...) is
     installed (not applied, vLLM version outside the verified ranges, or switched off), naming the
     state of ``vllm.nvfp4_refit`` and why.
     """
@@ -79,8 +79,11 @@ def refit_mode() -> str:
     return current_mode()
 
 
-def prepare_refit(model: torch.nn.Module) -> None:
+def prepare_refit(model: torch.nn.Module, *, allow_non_finite: bool = False) -> None:
     """Make ``model`` ready for ``model.load_weights`` with checkpoint-format tensors.
+
+    ``allow_non_finite=True`` lets :func:`finish_refit` load NaN/Inf weights and scales, as vLLM does;
+    by default they are refused (see :func:`refit_weights`).
 
     Until :func:`finish_refit` or :func:`abort_refit`, the refitted layers must not run forward.
     Raises :class:`RefitInProgressError` if a refit is already prepared or another call is running.
@@ -88,7 +91,7 @@ def prepare_refit(model: torch.nn.Module) -> None:
     whoever catches it must call :func:`abort_refit` (a no-op when nothing is prepared), as
     :func:`refit` and :func:`refit_weights` do.
     """
-    _backend().prepare(model)
+    _backend().prepare(model, allow_non_finite)
 
 
 def finish_refit(model: torch.nn.Module) -> None:
@@ -104,7 +107,7 @@ def abort_refit(model: torch.nn.Module) -> None:
     _backend().abort(model)
 
 
-def refit(model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
+def refit(model: torch.nn.Module, *, allow_non_finite: bool = False) -> contextlib.AbstractContextManager[None]:
     """``prepare_refit`` on entry, ``finish_refit`` on normal exit, ``abort_refit`` on error.
 
     The model is claimed for the whole block: :func:`prepare_refit`, :func:`finish_refit` and
@@ -112,7 +115,7 @@ def refit(model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
     in the block as usual (then the refit is rolled back); one that arrives while patchkit prepares
     or finishes is held until the model is consistent.
     """
-    return _backend().refitting(model)  # type: ignore[no-any-return]
+    return _backend().refitting(model, allow_non_finite)  # type: ignore[no-any-return]
 
 
 def refit_weights(
@@ -120,6 +123,7 @@ def refit_weights(
     weights: Iterable[tuple[str, torch.Tensor]],
     *,
     load_weights: Callable[[Iterable[tuple[str, torch.Tensor]]], Any] | None = None,
+    allow_non_finite: bool = False,
 ) -> None:
     """One call for a whole refit: prepare, stream ``weights`` through vLLM's loaders, finish.
 
@@ -130,11 +134,17 @@ def refit_weights(
     layers, vLLM's ``AutoWeightsLoader``.
 
     All-or-nothing, after a real first load or a ``load_format="dummy"`` start alike: a tensor of
-    the wrong shape or dtype, one on the ``meta`` device (:class:`RefitDeviceError`), a parameter
-    left out, or a name the model does not have raises :class:`RefitError` naming the layer and
-    parameter, and every layer keeps its previous weights.
+    the wrong shape or dtype (larger or smaller than the part of the parameter it fills), one on the
+    ``meta`` device (:class:`RefitDeviceError`), a parameter or any part of one left out, a tensor
+    sent twice (under its own name or another's: every element of every parameter must be written
+    by exactly one refit tensor), or a name the model does not have raises :class:`RefitError`
+    naming the layer and parameter, and every layer keeps its previous weights.
+
+    NaN or infinity in a weight or scale of a quantized layer is refused the same way, in every
+    format; ``allow_non_finite=True`` (or ``PATCHKIT_REFIT_ALLOW_NON_FINITE=1`` in the environment)
+    loads them as vLLM would.
     """
-    _backend().refit_weights(model, weights, load_weights)
+    _backend().refit_weights(model, weights, load_weights, allow_non_finite)
 
 
 def _backend() -> Any:

@@ -42,6 +42,7 @@ from nvfp4_helpers import (
 from patchkit.patches.vllm.refit import RefitError, UnsupportedQuantizationError, refit, refit_weights
 
 PATCH = "vllm.compressed_tensors_nvfp4_refit"
+MOE_PATCH = "vllm.compressed_tensors_nvfp4_moe_refit"
 
 KINDS = {
     "linear-w4a4": (lambda: CtLinears(a16=False), lambda seed: linear_checkpoint(False, seed)),
@@ -61,12 +62,11 @@ def kernels(request: pytest.FixtureRequest, cpu_nvfp4_kernels: None) -> Iterator
 
 @pytest.fixture
 def ct_nvfp4_refit_patch(kernels: None) -> Iterator[None]:
-    """``vllm.compressed_tensors_nvfp4_refit`` applied for the test, reverted after."""
+    """``vllm.compressed_tensors_nvfp4_refit`` and its MoE twin applied for the test, reverted after."""
     import patchkit
 
-    with patchkit.applied(PATCH) as records:
-        (record,) = records
-        assert record.state.installed, record.to_dict()
+    with patchkit.applied(PATCH, MOE_PATCH) as records:
+        assert all(record.state.installed for record in records), [r.to_dict() for r in records]
         yield
 
 
@@ -183,7 +183,8 @@ def test_without_the_patch_a_refit_is_refused_by_name(
     patch existed; now a RefitError naming the patch that must record it), changing nothing."""
     model = first_load(kind, KINDS[kind][1](1))
     before = kernel_state(model)
-    with pytest.raises(RefitError, match=rf"processed before patchkit recorded it.*{PATCH}") as caught:
+    patch = MOE_PATCH if kind.startswith("moe") else PATCH
+    with pytest.raises(RefitError, match=rf"processed before patchkit recorded it.*{patch}") as caught:
         refit_weights(model, items(KINDS[kind][1](2)))
     assert not isinstance(caught.value, UnsupportedQuantizationError)
     assert_same_kernel_state(model, before)
@@ -335,7 +336,7 @@ def test_the_moe_method_tells_a_refit_which_input_scales_an_nvfp4a16_layer_lacks
     from vllm.model_executor.layers.fused_moe.oracle.nvfp4 import NvFp4MoeBackend
 
     monkeypatch.setattr(module, "select_nvfp4_moe_backend", select_nvfp4_moe_backend)
-    with patchkit.applied(PATCH):
+    with patchkit.applied(MOE_PATCH):
         method = module.CompressedTensorsW4A4Nvfp4MoEMethod(None, "experts", use_a16=use_a16)
     assert (asked[0] is None) == use_a16  # upstream's own use of the flag
     expected = {"w13_input_global_scale", "w2_input_global_scale"} if use_a16 else set()

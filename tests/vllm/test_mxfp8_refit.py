@@ -148,9 +148,6 @@ def test_a_bad_tensor_raises_a_refit_error_naming_it_and_changes_nothing(
     mxfp8_refit_patch: None, vllm_config: object, kind: str, start: str,
     spoil: Callable[[dict[str, torch.Tensor]], str],
 ) -> None:
-    if kind == "linear" and not has_linear_method() and spoil in (_nan_weight, _nan_scale):
-        pytest.skip("vLLM 0.30+: MXFP8 linear layers are vllm.nvfp4_refit's (ModelOptLinearMethod), which "
-                    "does not check values")
     model = started(kind, start, vllm_config)
     before = kernel_state(model)
     bad = checkpoint(kind, seed=3)

@@ -1,5 +1,6 @@
-"""Self-check of ``vllm.compressed_tensors_nvfp4_refit``: compressed-tensors NVFP4 checkpoints refitted into
-vLLM's own compressed-tensors NVFP4 (W4A4) linear layers.
+"""Self-checks of ``vllm.compressed_tensors_nvfp4_refit`` and ``vllm.compressed_tensors_nvfp4_moe_refit``:
+compressed-tensors NVFP4 checkpoints refitted into vLLM's own compressed-tensors NVFP4 (W4A4) linear
+layers, and into one NVFP4 fused-MoE layer.
 
 vLLM's ``MergedColumnParallelLinear``/``RowParallelLinear`` with ``CompressedTensorsConfig`` for an
 ``nvfp4-pack-quantized`` checkpoint (``_ct_nvfp4_checkpoint``) are loaded through their weight loaders
@@ -21,11 +22,11 @@ from patchkit.selfcheck import CheckContext, SelfCheckFailed, expect
 from .._nvfp4_checkpoint import items, process_weights_after_loading
 
 
-def _first_load(checkpoint: dict[str, torch.Tensor], device: str) -> Any:
-    from ._ct_nvfp4_checkpoint import CtLinears
+def _first_load(kind: str, checkpoint: dict[str, torch.Tensor], device: str) -> Any:
+    from ._ct_nvfp4_checkpoint import CtLinears, CtMoe
 
     with torch.device(device):  # where vLLM's loader builds layers
-        model = CtLinears(a16=False)
+        model = CtLinears(a16=False) if kind == "linear" else CtMoe(a16=False)
     model.load_weights(items({k: v.to(device) for k, v in checkpoint.items()}))
     process_weights_after_loading(model)
     return model
@@ -48,15 +49,25 @@ def _differences(model: Any, reference: Any) -> list[str]:
 
 
 def check_compressed_tensors_nvfp4_refit(context: CheckContext) -> None:
-    """Load, refit a second checkpoint, refit back: each time the layers equal vLLM's own first load of it."""
+    """Load, refit a second checkpoint, refit back: each time the linear layers equal vLLM's own first load of it."""
+    _check(context, "linear")
+
+
+def check_compressed_tensors_nvfp4_moe_refit(context: CheckContext) -> None:
+    """The same for one fused-MoE layer."""
+    _check(context, "moe")
+
+
+def _check(context: CheckContext, kind: str) -> None:
     from ..refit import refit
     from ._cpu_stand_in import vllm_context
-    from ._ct_nvfp4_checkpoint import linear_checkpoint
+    from ._ct_nvfp4_checkpoint import linear_checkpoint, moe_checkpoint
 
     device = context.device
-    first, second = linear_checkpoint(False, seed=1), linear_checkpoint(False, seed=2)
+    make = linear_checkpoint if kind == "linear" else moe_checkpoint
+    first, second = make(False, seed=1), make(False, seed=2)
     with vllm_context(device):
-        model = _first_load(first, device)
+        model = _first_load(kind, first, device)
         kernel_before = {name: (id(t), t.data_ptr()) for name, t in _kernel_tensors(model).items()}
         for step, weights in (("refit with a second checkpoint", second), ("refit back", first)):
             try:
@@ -64,9 +75,9 @@ def check_compressed_tensors_nvfp4_refit(context: CheckContext) -> None:
                     model.load_weights(items({k: v.to(device) for k, v in weights.items()}))
             except Exception as exc:
                 raise SelfCheckFailed(
-                    f"{step} of vLLM's compressed-tensors NVFP4 linear layers", "the layers take the new weights",
+                    f"{step} of vLLM's compressed-tensors NVFP4 {kind} layers", "the layers take the new weights",
                     f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}") from exc
-            wrong = _differences(model, _first_load(weights, device))
+            wrong = _differences(model, _first_load(kind, weights, device))
             expect(not wrong, f"after the {step} every kernel tensor equals vLLM's own first load of that "
                    "checkpoint (bit for bit)", "all of them", wrong)
             moved = sorted(k for k, v in {n: (id(t), t.data_ptr()) for n, t in _kernel_tensors(model).items()}.items()
