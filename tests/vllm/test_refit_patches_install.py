@@ -78,7 +78,9 @@ def test_a_reverted_refit_patch_leaves_no_layer_refittable_through_it(
         before = kernel_state(model)
         recording = case.patches()[-1] if case.moe else case.patches()[0]
         patchkit.revert(recording)
-        with pytest.raises(RefitError, match=rf"recorded by patch {recording!r}, which is no longer installed"):
+        # refused by name, or (no refit patch left installed) refused whole
+        with pytest.raises(RefitError, match=rf"recorded by patch {recording!r}, which is no longer installed"
+                                             r"|refit is unavailable"):
             refit_weights(model, list(case.checkpoint(2).items()))
         assert_same_kernel_state(model, before)
         patchkit.apply(recording)
