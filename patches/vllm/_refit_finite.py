@@ -3,7 +3,8 @@
 vLLM's loaders and processing take NaN bytes and NaN/Inf scales without a word, and the layer then
 serves NaN. A refit refuses them by default, naming the layer and parameter, before anything is
 changed. Users who want vLLM's behaviour opt out per call (``allow_non_finite=True`` on
-``refit_weights``, ``refit`` and ``prepare_refit``) or per process (:data:`ALLOW_ENV` set to ``1``).
+``refit_weights``, ``refit`` and ``prepare_refit``) or per process (``PATCHKIT_REFIT_ALLOW_NON_FINITE``
+set to ``1``, read by patchkit's settings like every ``PATCHKIT_*`` variable).
 
 What counts as non-finite, by the staged parameter's dtype:
 
@@ -16,18 +17,18 @@ What counts as non-finite, by the staged parameter's dtype:
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-#: set to ``1`` to let every refit in the process load non-finite weights and scales, as vLLM does
-ALLOW_ENV = "PATCHKIT_REFIT_ALLOW_NON_FINITE"
+from patchkit.runtime import settings
+
+#: the variable that lets every refit in the process load non-finite values (named in messages)
+ALLOW_ENV = settings.REFIT_ALLOW_NON_FINITE
 _E8M0_NAN = 0xFF
 
 
 def allowed(explicit: bool) -> bool:
-    """Whether a refit takes non-finite values: asked for by the call, or by :data:`ALLOW_ENV`."""
-    return explicit or os.environ.get(ALLOW_ENV, "").strip() == "1"
+    """Whether a refit takes non-finite values: asked for by the call, or by the process's settings."""
+    return explicit or settings.refit_allows_non_finite()
 
 
 def non_finite(name: str, tensor: torch.Tensor) -> str | None:
