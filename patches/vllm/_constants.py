@@ -6,6 +6,7 @@ read the same name without an import cycle and without pulling in torch or vLLM.
 
 from __future__ import annotations
 
-#: The patch whose state says whether refits are available (``refit.refit_mode``): the first refit
-#: patch, ``vllm.nvfp4_refit``. ``patchkit.patches.vllm.refit`` re-exports it as ``PATCH_ID``.
-REFIT_PATCH_ID = "vllm.nvfp4_refit"
+#: ModelOpt NVFP4's refit patch, the first refit format: ``patchkit.patches.vllm.refit`` re-exports it
+#: as ``PATCH_ID``, and ``refit_mode`` names its state first when no refit patch is installed. Every
+#: refit patch is named by a row of the format table (``_refit_formats.FORMATS``).
+NVFP4_REFIT_PATCH_ID = "vllm.nvfp4_refit"

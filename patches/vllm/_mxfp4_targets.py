@@ -40,11 +40,9 @@ rows, configured 720, padded to 768) the refit demands gpt-oss's slice (:func:`_
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any
 
-_METHOD_NAMES = ("GptOssMxfp4MoEMethod", "Mxfp4MoEMethod")
 #: the ``Mxfp4MoeBackend`` member names a refit is proven on
 REFITTABLE_BACKENDS = frozenset({"MARLIN"})
 
@@ -61,17 +59,6 @@ _LAYOUTS = {
     "w13_bias": "ei",  # (experts, 2 * intermediate)
     "w2_bias": "eh",  # (experts, hidden)
 }
-
-
-@functools.cache
-def mxfp4_method_classes() -> tuple[type, ...]:
-    from vllm.model_executor.layers.quantization import mxfp4
-
-    return tuple(cls for name in _METHOD_NAMES if (cls := getattr(mxfp4, name, None)) is not None)
-
-
-def is_mxfp4_method(method: Any) -> bool:
-    return type(method) in mxfp4_method_classes()
 
 
 def backend_name(method: Any) -> str:

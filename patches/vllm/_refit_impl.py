@@ -1,4 +1,5 @@
-"""patchkit's refit of recorded NVFP4 layers and of KV-cache scales (vLLM 0.12-0.33).
+"""patchkit's refit of recorded quantized layers (every format in ``_refit_formats``) and of KV-cache
+scales (vLLM 0.12-0.33).
 
 The sequence mirrors what vLLM's own layerwise reload (``model_loader/reload``, 0.16+) does for
 one layer, done model-wide and all-or-nothing:
@@ -22,7 +23,7 @@ one layer, done model-wide and all-or-nothing:
 
 Every other tensor the stream writes (norms, embeddings, unquantized layers, biases) is written in
 place by vLLM's loaders; ``_refit_plain`` copies each aside before its first write, so an abort puts
-those back too: the whole model, not only the NVFP4 layers, is all-or-nothing.
+those back too: the whole model, not only the recorded layers, is all-or-nothing.
 
 Each public call runs in a ``_refit_session.RefitCall``: the model is claimed (a second caller gets
 ``RefitInProgressError``) and signals with Python handlers are held (``_refit_signals``) while patchkit changes the
@@ -108,7 +109,7 @@ def _prepare(model: torch.nn.Module, allow_non_finite: bool = False) -> None:
     except BaseException:
         _abort(model)
         raise
-    logger.debug("prepared refit of %d NVFP4 layers, %d KV-scale layers", len(layers), len(kv_layers))
+    logger.debug("prepared refit of %d recorded layers, %d KV-scale layers", len(layers), len(kv_layers))
 
 
 def _stage_layer(layer_name: str, layer: torch.nn.Module, state: LayerRefitState) -> None:
@@ -268,7 +269,7 @@ def _finish(model: torch.nn.Module, window: SignalWindow) -> None:
     except BaseException:
         _abort(model)
         raise
-    logger.debug("refit committed on %d NVFP4 layers, %d KV-scale layers", len(layers), len(kv_layers))
+    logger.debug("refit committed on %d recorded layers, %d KV-scale layers", len(layers), len(kv_layers))
 
 
 def _check_all_loaded(layers: list[tuple[str, torch.nn.Module, LayerRefitState]]) -> None:
@@ -335,7 +336,7 @@ def _process(layer_name: str, layer: torch.nn.Module, state: LayerRefitState) ->
     method = layer.quant_method
     try:
         method.process_weights_after_loading(layer)
-    except RefitError as exc:  # a recording wrap refused a staged tensor (``_mxfp8_refit_record``)
+    except RefitError as exc:  # a format's hook refused a staged tensor
         raise RefitError(
             f"refit of layer {layer_name!r}: {exc}",
             layer=layer_name,
@@ -468,7 +469,7 @@ def abort(model: torch.nn.Module) -> None:
 
 
 def _abort(model: torch.nn.Module) -> None:
-    """Put back what the model served before ``prepare``: NVFP4 kernel tensors, KV scales, plain tensors."""
+    """Put back what the model served before ``prepare``: recorded layers' kernel tensors, KV scales, plain tensors."""
     plain = _refit_plain.take(model)
     try:
         for _, layer, state in _recorded_layers(model):
@@ -528,12 +529,12 @@ def _kv_scale_layers(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Mod
 
 
 def _refuse_unrefittable_layers(model: torch.nn.Module) -> None:
-    """Refuse, before any write, a layer whose quant method patchkit cannot refit (``_refit_targets``):
+    """Refuse, before any write, a layer whose quant method patchkit cannot refit (``_refit_formats``):
     one of a recorded format that its patch did not record, or whose patch was reverted since it
     recorded it, or one of any other quantization."""
     import patchkit
 
-    from ._refit_targets import describe_method, loads_in_place, recording_patch, supported
+    from ._refit_formats import describe_method, loads_in_place, recording_patch, supported
 
     installed: dict[str, bool] = {}
 

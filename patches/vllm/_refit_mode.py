@@ -5,7 +5,7 @@ from __future__ import annotations
 import patchkit
 
 from ._errors import RefitError
-from ._refit_targets import recording_patches
+from ._refit_formats import recording_patches
 
 
 def current_mode() -> str:
@@ -13,7 +13,7 @@ def current_mode() -> str:
 
     A layer whose own format's patch is off is refused by name when a refit starts.
     """
-    # the patches that record layers for a refit, one per format (``_refit_targets.FORMATS``)
+    # the patches that record layers for a refit, one per format (``_refit_formats.FORMATS``)
     problem = patchkit.why_not_installed(*recording_patches())
     if problem is None:
         return "patchkit"

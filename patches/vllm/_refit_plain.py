@@ -1,8 +1,8 @@
 """All-or-nothing for the tensors a refit writes in place ("plain" tensors).
 
-NVFP4 layers are staged: their refit tensors land in fresh parameters and reach the kernel tensors
+Recorded quantized layers are staged: their refit tensors land in fresh parameters and reach the kernel tensors
 only at commit. Every other tensor vLLM's loaders write — norms, embeddings, the output layer, the
-router, unquantized linear and fused-MoE layers, the bias of an NVFP4 layer, persistent buffers —
+router, unquantized linear and fused-MoE layers, the bias of a recorded layer, persistent buffers —
 is written in place by its own ``weight_loader`` as the stream goes by. So for the length of a
 refit each such tensor's loader is wrapped: before the tensor's first write in this refit its data
 is copied aside; ``abort`` copies the data back (newest copy first, so tensors sharing storage come
@@ -12,7 +12,7 @@ back exactly as they were (attribute present or absent).
 Cost: one copy of each plain tensor the refit actually writes, on the tensor's own device, held
 until the refit finishes or aborts (tensors the stream does not touch cost nothing), and one
 device-to-device copy of each per refit. For a typical LLM that is the embedding and output layer
-plus the norms, next to the checkpoint-format copy of every NVFP4 layer the staging holds anyway.
+plus the norms, next to the checkpoint-format copy of every recorded layer the staging holds anyway.
 
 Covered: every write made through a tensor's ``weight_loader`` (how vLLM's ``load_weights``,
 ``AutoWeightsLoader`` and the per-model loaders write; tensors without a loader get

@@ -1,32 +1,35 @@
-"""Wraps for the recorded quant methods' ``create_weights`` and ``process_weights_after_loading``.
+"""The recording pair every refit patch installs: wraps of a quant method's ``create_weights`` and
+``process_weights_after_loading``, driven by the format table (``_refit_formats.FORMATS``).
 
-One pair of factories for every refit patch that records layers: ``vllm.nvfp4_refit`` (ModelOpt NVFP4,
-``vllm/model_executor/layers/quantization/modelopt.py``: ``ModelOptNvFp4LinearMethod``,
-``ModelOptNvFp4W4A16LinearMethod`` (0.21-0.29), ``ModelOptLinearMethod`` (0.30+) and
-``ModelOptNvFp4FusedMoE``) and ``vllm.fp8_refit`` (``quantization/fp8.py``: ``Fp8LinearMethod`` and
-``Fp8MoEMethod``). Each declaration wraps both methods of each class it records with these two.
-Upstream registers checkpoint-format vLLM parameters in ``create_weights`` and converts them in
+Each refit patch wraps both methods of each class it records with these two, whatever the format
+(ModelOpt NVFP4, FP8, compressed-tensors NVFP4, ModelOpt MXFP8, MXFP4). Upstream registers
+checkpoint-format vLLM parameters in ``create_weights`` and converts them in
 ``process_weights_after_loading``, replacing ``Parameter`` objects (dropping ``weight_loader``) and
-deleting or rebinding checkpoint tensors (NVFP4 from 0.16: ``input_scale``/``weight_scale_2``; FP8:
-requantised, transposed). Nothing in either method changes here. What is added:
+deleting or rebinding checkpoint tensors. Nothing in either method changes here. What is added, for a
+layer of a format in the table (found from the method and, for compressed-tensors linear layers, the
+scheme on ``layer.scheme``; any other layer goes straight to upstream, unrecorded, and a refit refuses
+it):
 
 - after ``create_weights``: the names of the parameters it registered are kept on the layer;
 - around a layer's first ``process_weights_after_loading`` (after a real load or a dummy start,
-  alike): those checkpoint parameters going in and the kernel tensors coming out are recorded for
-  ``_refit_impl``, whatever the format. What a refit must supply is every such parameter in full,
-  except placeholders the method never reads (``_refit_placeholders``). Later calls (the refit's own
-  re-processing) pass straight through.
+  alike), when its row says a refit can take it (``unrefittable``): those checkpoint parameters going
+  in (the checkpoint's shape of each one vLLM padded: the row's ``checkpoint_shapes``) and the kernel
+  tensors coming out are recorded for ``_refit_impl``. What a refit must supply is every such
+  parameter in full, except placeholders the method never reads (``_refit_placeholders``);
+- a refit's own re-processing runs the row's ``before_reprocessing`` while checkpoint parameters are
+  staged, then upstream's method; any other later call passes straight through.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from ._refit_formats import format_of, matching_format
 from ._refit_placeholders import unread_placeholders
 from ._refit_state import (
     CREATED_ATTR,
@@ -41,10 +44,13 @@ logger = logging.getLogger(__name__)
 
 
 def wrap_create_weights(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Factory for ``Wrap``: remember which parameters ``create_weights`` registered."""
+    """Factory for ``Wrap``: remember which parameters ``create_weights`` registered on a layer of a
+    refit format."""
 
     @functools.wraps(original)
     def create_weights(self: Any, layer: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if matching_format(self, layer) is None:
+            return original(self, layer, *args, **kwargs)
         existing = set(layer._parameters)
         result = original(self, layer, *args, **kwargs)
         created = frozenset(n for n, p in layer._parameters.items() if n not in existing and p is not None)
@@ -54,22 +60,23 @@ def wrap_create_weights(original: Callable[..., Any]) -> Callable[..., Any]:
     return create_weights
 
 
-def wrap_process_weights_after_loading(
-    original: Callable[..., Any],
-    checkpoint_shapes: Callable[[Any, torch.nn.Module], Mapping[str, tuple[int, ...]]] | None = None,
-) -> Callable[..., Any]:
-    """Factory for ``Wrap``: record refit metadata around the first processing of a layer.
-
-    ``checkpoint_shapes(method, layer)``, for a format whose layers vLLM may pad (MXFP4 MoE), gives the
-    checkpoint's shape of each padded parameter (``ParamSpec.checkpoint_shape``).
-    """
+def wrap_process_weights_after_loading(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Factory for ``Wrap``: record refit metadata around the first processing of a layer a refit can
+    take; before a refit's own processing, run its format's ``before_reprocessing``."""
 
     @functools.wraps(original)
     def process_weights_after_loading(self: Any, layer: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-        if layer.__dict__.get(STATE_ATTR) is not None:
+        state = layer.__dict__.get(STATE_ATTR)
+        if state is not None:
+            fmt = matching_format(self, layer)
+            if state.staging is not None and fmt is not None and fmt.before_reprocessing is not None:
+                fmt.before_reprocessing(layer)
             return original(self, layer, *args, **kwargs)
         created = layer.__dict__.pop(CREATED_ATTR, None)
-        shapes = checkpoint_shapes(self, layer) if checkpoint_shapes is not None else None
+        fmt = format_of(self, layer)
+        if fmt is None:
+            return original(self, layer, *args, **kwargs)
+        shapes = fmt.checkpoint_shapes(self, layer) if fmt.checkpoint_shapes is not None else None
         checkpoint = capture_checkpoint_specs(layer, created, unread_placeholders(self), shapes)
         result = original(self, layer, *args, **kwargs)
         object.__setattr__(

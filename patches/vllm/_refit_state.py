@@ -25,7 +25,7 @@ STATE_ATTR = "_patchkit_refit_state"
 #: names of the parameters the quant method's ``create_weights`` registered on the layer
 CREATED_ATTR = "_patchkit_created_params"
 
-# Loaded in place by the layer's own loader and never touched by the NVFP4 processing.
+# Loaded in place by the layer's own loader and never touched by the quant method's processing.
 UNPROCESSED_PARAMS = frozenset({"bias"})
 
 # Method attributes holding plain values are recomputed by each processing; objects (kernels,

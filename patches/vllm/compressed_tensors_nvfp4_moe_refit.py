@@ -16,7 +16,7 @@ this module only when it builds an NVFP4 MoE layer, and a patch installs once ev
 is imported; a dense model's linear layers must not wait for it.
 
 0.24-0.28 also get a wrap of the method's ``__init__`` that keeps ``use_a16`` on the method, as 0.29+ do
-(``_ct_nvfp4_moe_a16``): without it a refit of an NVFP4A16 MoE layer demanded the input global scales
+(``_compressed_tensors_nvfp4_moe_refit``): without it a refit of an NVFP4A16 MoE layer demanded the input global scales
 such a checkpoint does not carry (found on an H100 with vLLM 0.24.0's Marlin kernels).
 
 No range is declared ``native``: vLLM's layerwise reload (``reload_weights``, vLLM #32133, in 0.29 and
@@ -31,12 +31,14 @@ CT_MOE_NVFP4 = (
     "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe."
     "compressed_tensors_moe_w4a4_nvfp4"
 )
-_RECORD = "._refit_record"
+#: The recording pair every refit patch installs (``_refit_record``, bound by
+#: ``_compressed_tensors_nvfp4_moe_refit``).
+_IMPL = "._compressed_tensors_nvfp4_moe_refit"
 
 _MOE = (
-    Wrap(f"{CT_MOE_NVFP4}:CompressedTensorsW4A4Nvfp4MoEMethod.create_weights", f"{_RECORD}:wrap_create_weights"),
+    Wrap(f"{CT_MOE_NVFP4}:CompressedTensorsW4A4Nvfp4MoEMethod.create_weights", f"{_IMPL}:wrap_create_weights"),
     Wrap(f"{CT_MOE_NVFP4}:CompressedTensorsW4A4Nvfp4MoEMethod.process_weights_after_loading",
-         f"{_RECORD}:wrap_process_weights_after_loading"),
+         f"{_IMPL}:wrap_process_weights_after_loading"),
 )
 
 PATCHES = (
@@ -69,7 +71,7 @@ PATCHES = (
                 installs=(
                     *_MOE,
                     Wrap(f"{CT_MOE_NVFP4}:CompressedTensorsW4A4Nvfp4MoEMethod.__init__",
-                         "._ct_nvfp4_moe_a16:wrap_init"),
+                         f"{_IMPL}:wrap_init"),
                 ),
                 label="ct-nvfp4-moe-keep-a16",
             ),

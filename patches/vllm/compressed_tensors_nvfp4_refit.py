@@ -23,8 +23,9 @@ What upstream does (``vllm/model_executor/layers/quantization/compressed_tensors
   selected backend's layout.
 
 The linear method is generic (every compressed-tensors scheme goes through it), so its wraps record a
-layer only when its scheme is the NVFP4 one (``_ct_nvfp4_refit_record``); a layer of any other scheme
-passes straight through and a refit still refuses it (``_refit_targets``: ``UnsupportedQuantizationError``).
+layer only when its scheme is the NVFP4 one (the format's row in ``_refit_formats`` names the scheme);
+a layer of any other scheme passes straight through, unrecorded, and a refit refuses it
+(``UnsupportedQuantizationError``).
 verl (V24, ``verl/utils/qat/vllm_patch.py``) and slime (S22) patch these three methods for the same reason.
 
 The fused-MoE method is ``vllm.compressed_tensors_nvfp4_moe_refit``'s: vLLM imports its module only
@@ -41,12 +42,14 @@ from __future__ import annotations
 from patchkit import Patch, Variant, Wrap
 
 CT = "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors"
-_CT_RECORD = "._ct_nvfp4_refit_record"
+#: The recording pair every refit patch installs (``_refit_record``, bound by
+#: ``_compressed_tensors_nvfp4_refit``); the format table takes a layer by its scheme.
+_CREATE_WEIGHTS = "._compressed_tensors_nvfp4_refit:wrap_create_weights"
+_PROCESS_WEIGHTS = "._compressed_tensors_nvfp4_refit:wrap_process_weights_after_loading"
 
 _LINEAR = (
-    Wrap(f"{CT}:CompressedTensorsLinearMethod.create_weights", f"{_CT_RECORD}:wrap_create_weights"),
-    Wrap(f"{CT}:CompressedTensorsLinearMethod.process_weights_after_loading",
-         f"{_CT_RECORD}:wrap_process_weights_after_loading"),
+    Wrap(f"{CT}:CompressedTensorsLinearMethod.create_weights", _CREATE_WEIGHTS),
+    Wrap(f"{CT}:CompressedTensorsLinearMethod.process_weights_after_loading", _PROCESS_WEIGHTS),
 )
 
 PATCHES = (

@@ -24,7 +24,7 @@ in the three):
 Online FP8 (a bf16 checkpoint quantised at load: ``Fp8OnlineMoEMethod``, ``Fp8PerTensorOnlineLinearMethod``)
 is not covered: a refit of it would push bf16 weights, and those layers are subclasses that do not
 run these methods, so they are not recorded; a refit refuses them before any write
-(``_refit_targets``: ``UnsupportedQuantizationError``).
+(``_refit_formats``: ``UnsupportedQuantizationError``).
 
 No range is declared ``native``: vLLM's layerwise reload (``reload_weights``, vLLM #32133; present
 in 0.29 and 0.33) reloads FP8 layers, but it is not all-or-nothing on bad input
@@ -36,9 +36,10 @@ from __future__ import annotations
 from patchkit import Patch, Variant, Wrap
 
 FP8 = "vllm.model_executor.layers.quantization.fp8"
-#: The recording wraps every refit patch shares (``_refit_record``), one pair per method class.
-_CREATE_WEIGHTS = "._refit_record:wrap_create_weights"
-_PROCESS_WEIGHTS = "._refit_record:wrap_process_weights_after_loading"
+#: The recording pair every refit patch installs (``_refit_record``, bound by ``_fp8_refit``), on
+#: both methods of each class this format's row in ``_refit_formats`` names.
+_CREATE_WEIGHTS = "._fp8_refit:wrap_create_weights"
+_PROCESS_WEIGHTS = "._fp8_refit:wrap_process_weights_after_loading"
 
 _LINEAR = (
     Wrap(f"{FP8}:Fp8LinearMethod.create_weights", _CREATE_WEIGHTS),

@@ -2,7 +2,8 @@
 
 Declaration only (see docs/writing-patches.md). The refit is driven through
 ``patchkit.patches.vllm.refit`` (the same calls as for ModelOpt NVFP4 and FP8); this patch records
-what a refit needs at each layer's first ``process_weights_after_loading`` (``_mxfp4_refit_record``).
+what a refit needs at each layer's first ``process_weights_after_loading`` (``_refit_record``, with
+the format's hooks in ``_mxfp4_targets``).
 
 What upstream does (``vllm/model_executor/layers/quantization/mxfp4.py`` and
 ``fused_moe/oracle/mxfp4.py``, read in the 0.24.0, 0.29.0 and 0.33.0 wheels): ``GptOssMxfp4MoEMethod``
@@ -31,12 +32,13 @@ from __future__ import annotations
 from patchkit import Patch, Variant, Wrap
 
 MXFP4 = "vllm.model_executor.layers.quantization.mxfp4"
-_RECORD = "._mxfp4_refit_record"
+#: The recording pair every refit patch installs (``_refit_record``, bound by ``_mxfp4_moe_refit``).
+_RECORD = "._mxfp4_moe_refit"
 
 PATCHES = (
     Patch(
         id="vllm.mxfp4_moe_refit",
-        self_check="._checks._mxfp4_moe:check_mxfp4_moe_refit",
+        self_check="._checks.mxfp4_moe_refit:check_mxfp4_moe_refit",
         summary=(
             "MXFP4 fused-MoE layers (gpt-oss; MARLIN backend, padded sizes included) record their checkpoint "
             "parameters so patchkit.patches.vllm.refit can reload them into the same kernel tensors."

@@ -2,7 +2,8 @@
 
 Declaration only (see docs/writing-patches.md). The refit is driven through
 ``patchkit.patches.vllm.refit`` (the same calls as for ModelOpt NVFP4 and FP8); this patch records
-what a refit needs at each layer's first ``process_weights_after_loading`` (``_mxfp8_refit_record``).
+what a refit needs at each layer's first ``process_weights_after_loading`` (``_refit_record``, with
+the format's hook ``_mxfp8_targets.allow_reprocessing``).
 
 What upstream does (``vllm/model_executor/layers/quantization/modelopt.py``, read in the 0.24.0,
 0.29.0 and 0.33.0 wheels and the 0.16.0-0.33.0 sources patchkit's static check keeps):
@@ -31,17 +32,17 @@ from __future__ import annotations
 from patchkit import Patch, Variant, Wrap
 
 MODELOPT = "vllm.model_executor.layers.quantization.modelopt"
-_RECORD = "._mxfp8_refit_record"
+#: The recording pair every refit patch installs (``_refit_record``, bound by ``_mxfp8_refit``).
+_CREATE_WEIGHTS = "._mxfp8_refit:wrap_create_weights"
+_PROCESS_WEIGHTS = "._mxfp8_refit:wrap_process_weights_after_loading"
 
 _LINEAR = (
-    Wrap(f"{MODELOPT}:ModelOptMxFp8LinearMethod.create_weights", f"{_RECORD}:wrap_create_weights"),
-    Wrap(f"{MODELOPT}:ModelOptMxFp8LinearMethod.process_weights_after_loading",
-         f"{_RECORD}:wrap_process_weights_after_loading"),
+    Wrap(f"{MODELOPT}:ModelOptMxFp8LinearMethod.create_weights", _CREATE_WEIGHTS),
+    Wrap(f"{MODELOPT}:ModelOptMxFp8LinearMethod.process_weights_after_loading", _PROCESS_WEIGHTS),
 )
 _MOE = (
-    Wrap(f"{MODELOPT}:ModelOptMxFp8FusedMoE.create_weights", f"{_RECORD}:wrap_create_weights"),
-    Wrap(f"{MODELOPT}:ModelOptMxFp8FusedMoE.process_weights_after_loading",
-         f"{_RECORD}:wrap_process_weights_after_loading"),
+    Wrap(f"{MODELOPT}:ModelOptMxFp8FusedMoE.create_weights", _CREATE_WEIGHTS),
+    Wrap(f"{MODELOPT}:ModelOptMxFp8FusedMoE.process_weights_after_loading", _PROCESS_WEIGHTS),
 )
 
 PATCHES = (

@@ -24,10 +24,11 @@ from __future__ import annotations
 from patchkit import Patch, Variant, Wrap
 
 MODELOPT = "vllm.model_executor.layers.quantization.modelopt"
-#: The recording wraps every refit patch shares (``_refit_record``): one pair per method class, the
-#: first counting what ``create_weights`` registered, the second recording at the first processing.
-_CREATE_WEIGHTS = "._refit_record:wrap_create_weights"
-_PROCESS_WEIGHTS = "._refit_record:wrap_process_weights_after_loading"
+#: The recording pair every refit patch installs (``_refit_record``, bound by ``_nvfp4_refit``): one
+#: pair per method class, the first counting what ``create_weights`` registered, the second recording
+#: at the first processing.
+_CREATE_WEIGHTS = "._nvfp4_refit:wrap_create_weights"
+_PROCESS_WEIGHTS = "._nvfp4_refit:wrap_process_weights_after_loading"
 
 _LINEAR_W4A4 = (
     Wrap(f"{MODELOPT}:ModelOptNvFp4LinearMethod.create_weights", _CREATE_WEIGHTS),

@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-from ._constants import REFIT_PATCH_ID
+from ._constants import NVFP4_REFIT_PATCH_ID
 from ._errors import RefitDeviceError, RefitError, RefitInProgressError, UnsupportedQuantizationError
 
 __all__ = [
@@ -63,8 +63,9 @@ __all__ = [
     "finish_refit", "abort_refit", "refit", "refit_weights", "refit_mode",
 ]
 
-#: The patch whose state ``refit_mode`` reports (defined in the ``_constants`` leaf).
-PATCH_ID = REFIT_PATCH_ID
+#: ModelOpt NVFP4's refit patch, the one ``refit_mode`` names first when no refit patch is installed
+#: (every format's patch is named in docs/vllm-refit.md).
+PATCH_ID = NVFP4_REFIT_PATCH_ID
 
 
 def refit_mode() -> str:

@@ -59,10 +59,6 @@ _VLLM_REFIT = "the vLLM refit family is being restructured into its family packa
 AWAITING_CONFORMANCE: dict[tuple[str, str], str] = {
     ("layout", "vllm.lora"): _VLLM_REFIT,
     ("layout", "vllm.refit"): _VLLM_REFIT,
-    **{("implementation_named_after_patch", f"vllm.{tail}"): _VLLM_REFIT for tail in (
-        "compressed_tensors_nvfp4_moe_refit", "compressed_tensors_nvfp4_refit", "fp8_refit", "mxfp4_moe_refit",
-        "mxfp8_refit", "nvfp4_marlin_w4a16",
-        "nvfp4_refit", "serve_signals_main_thread")},
 }
 
 

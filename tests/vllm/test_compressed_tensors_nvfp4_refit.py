@@ -39,7 +39,8 @@ from nvfp4_helpers import (
     natively_loaded,
     process_weights_after_loading,
 )
-from patchkit.patches.vllm.refit import RefitError, UnsupportedQuantizationError, refit, refit_weights
+from patchkit.patches.vllm.refit import RefitError, UnsupportedQuantizationError, refit_weights
+from refit_driver import dropped, halved, pointers, refit_alternately, retyped
 
 PATCH = "vllm.compressed_tensors_nvfp4_refit"
 MOE_PATCH = "vllm.compressed_tensors_nvfp4_moe_refit"
@@ -108,17 +109,8 @@ def test_refits_equal_vllms_first_load_in_the_same_kernel_tensors(
     ct_nvfp4_refit_patch: None, vllm_config: object, kind: str, start: str
 ) -> None:
     model = started(kind, start, vllm_config)
-    ptrs = {name: ptr for name, (ptr, _) in kernel_state(model).items()}
-    checkpoints = [KINDS[kind][1](seed) for seed in (1, 2)]
-    for step in range(3):
-        checkpoint = checkpoints[step % 2]
-        if step % 2:
-            refit_weights(model, items(checkpoint))
-        else:
-            with refit(model):
-                model.load_weights(items(checkpoint))
-        assert_same_as_first_load(model, first_load(kind, checkpoint))
-        assert {name: ptr for name, (ptr, _) in kernel_state(model).items()} == ptrs
+    refit_alternately(model, [KINDS[kind][1](seed) for seed in (1, 2)], 3,
+                      lambda checkpoint: assert_same_as_first_load(model, first_load(kind, checkpoint)), pointers)
 
 
 def test_the_moe_kernel_built_at_first_load_is_kept_and_reads_the_refitted_scales(
@@ -132,22 +124,9 @@ def test_the_moe_kernel_built_at_first_load_is_kept_and_reads_the_refitted_scale
     assert kernel.fused_experts.w1_scale_val.data_ptr() == model.routed.w13_weight_scale.data_ptr()
 
 
-def _wrong_shape(checkpoint: dict[str, torch.Tensor]) -> str:
-    name = next(n for n in reversed(checkpoint) if n.endswith(".weight_packed"))
-    checkpoint[name] = checkpoint[name][: checkpoint[name].shape[0] // 2].contiguous()
-    return name
-
-
-def _wrong_dtype(checkpoint: dict[str, torch.Tensor]) -> str:
-    name = next(n for n in reversed(checkpoint) if n.endswith(".weight_packed"))
-    checkpoint[name] = checkpoint[name].to(torch.bfloat16)
-    return name
-
-
-def _missing_scale(checkpoint: dict[str, torch.Tensor]) -> str:
-    name = next(n for n in reversed(checkpoint) if n.endswith(".weight_global_scale"))
-    del checkpoint[name]
-    return name
+_wrong_shape = halved(".weight_packed", dim=0)
+_wrong_dtype = retyped(".weight_packed", torch.bfloat16)
+_missing_scale = dropped(".weight_global_scale")
 
 
 @pytest.mark.parametrize("kind", CASES)

@@ -91,10 +91,11 @@ A, B = checkpoint(1), checkpoint(2)
 
 
 def process_nvfp4(model: torch.nn.Module) -> None:
-    from patchkit.patches.vllm._nvfp4_targets import nvfp4_method_classes
+    from patchkit.patches.vllm._refit_formats import format_of
 
     for module in model.modules():
-        if isinstance(getattr(module, "quant_method", None), nvfp4_method_classes()):
+        fmt = format_of(getattr(module, "quant_method", None), module)
+        if fmt is not None and fmt.patch_id == "vllm.nvfp4_refit":
             module.quant_method.process_weights_after_loading(module)
 
 

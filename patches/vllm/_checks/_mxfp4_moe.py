@@ -21,14 +21,14 @@ no quantization-config override, bfloat16.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
 
-from patchkit.selfcheck import CheckContext, NeedsGPU, SelfCheckFailed, expect
-
+from . import _refit_round_trip as _round_trip
 from ._tiny_moe import OneMoeLayer, load_by_expert_mapping
 
 EXPERTS = 4
@@ -193,61 +193,6 @@ def first_load(kind: str, weights: dict[str, torch.Tensor], device: str = "cpu",
     return model
 
 
-def kernel_bytes(model: torch.nn.Module) -> dict[str, tuple[torch.Size, torch.dtype, torch.Tensor]]:
-    """Every parameter: shape, dtype and bytes (for bit-exact comparison, NaN included)."""
-    return {name: (p.shape, p.dtype, p.detach().reshape(-1).view(torch.uint8).cpu().clone())
-            for name, p in model.named_parameters()}
-
-
-def differing(model: torch.nn.Module, reference: dict[str, tuple[torch.Size, torch.dtype, torch.Tensor]]) -> list[str]:
-    """The parameters of ``model`` that differ from ``reference`` (:func:`kernel_bytes`) in shape, dtype or a bit."""
-    ours = kernel_bytes(model)
-    names = sorted(ours.keys() | reference.keys())
-    return [n for n in names if n not in ours or n not in reference or ours[n][:2] != reference[n][:2]
-            or not torch.equal(ours[n][2], reference[n][2])]
-
-
-def _identities(model: torch.nn.Module) -> dict[str, tuple[int, int]]:
-    return {name: (id(p), p.data_ptr()) for name, p in model.named_parameters()}
-
-
-#: the self-check's layer: gpt-oss's hidden size and a small intermediate one, both padded on Marlin
-#: (2880 -> 3072, 192 -> 256), so the check runs the padded path gpt-oss-20b/120b take
-CHECK_SIZES = (GPT_OSS_HIDDEN, 192)
-
-
-def check_mxfp4_moe_refit(context: CheckContext) -> None:
-    """Load one gpt-oss MXFP4 checkpoint, refit another, refit back: each time the layer's kernel tensors
-    equal vLLM's own first load of that checkpoint bit for bit, in the same tensor objects and storage.
-    The layer has gpt-oss's hidden size (2880), which vLLM pads for Marlin."""
-    from ..refit import refit
-    from ._cpu_stand_in import vllm_context
-
-    device = context.device
-    first, second = checkpoint("gpt_oss", 1, *CHECK_SIZES), checkpoint("gpt_oss", 2, *CHECK_SIZES)
-    with vllm_context(device), marlin_backend(device):
-        try:
-            model = first_load("gpt_oss", first, device, *CHECK_SIZES)
-        except NotImplementedError as exc:  # vLLM's MXFP4 oracle found no backend here
-            raise NeedsGPU(f"vLLM selects no MXFP4 MoE backend here ({str(exc)[:160]})") from exc
-        backend = str(getattr(model.routed.quant_method.mxfp4_backend, "name", "?"))
-        expect(backend == "MARLIN", "vLLM's gpt-oss MXFP4 MoE layer runs the MARLIN backend", "MARLIN", backend)
-        loaded = {"the first checkpoint": kernel_bytes(model)}
-        identities = _identities(model)
-        for step, weights, name in (("refit with a second checkpoint", second, "the second checkpoint"),
-                                    ("refit back", first, "the first checkpoint")):
-            try:
-                with refit(model):
-                    model.load_weights((k, v.to(device)) for k, v in weights.items())
-            except Exception as exc:
-                raise SelfCheckFailed(f"{step} of vLLM's MXFP4 MoE layer", "the layer takes the new weights",
-                                      f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
-                                      ) from exc
-            if name not in loaded:
-                loaded[name] = kernel_bytes(first_load("gpt_oss", weights, device, *CHECK_SIZES))
-            wrong = differing(model, loaded[name])
-            expect(not wrong, f"after the {step} the kernel tensors equal vLLM's own first load of {name}",
-                   "all of them, bit for bit", wrong)
-            moved = sorted(k for k, v in _identities(model).items() if identities.get(k) != v)
-            expect(not moved, f"the {step} keeps every kernel tensor (same object, same storage)", "none replaced",
-                   moved)
+#: An MXFP4 layer is compared by its parameters (what its Marlin processing writes).
+kernel_bytes = functools.partial(_round_trip.kernel_bytes, buffers=False)
+differing = functools.partial(_round_trip.differing, buffers=False)

@@ -147,24 +147,3 @@ def first_load(kind: str, weights: dict[str, torch.Tensor], device: str = "cpu")
     model.load_weights(items(weights, device))
     process_weights_after_loading(model)
     return model
-
-
-def kernel_bytes(model: torch.nn.Module) -> dict[str, tuple[torch.Size, torch.dtype, torch.Tensor]]:
-    """Every parameter and buffer: shape, dtype and bytes (bit-exact comparison, NaN included)."""
-    tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
-    return {name: (t.shape, t.dtype, t.detach().reshape(-1).view(torch.uint8).cpu().clone())
-            for name, t in tensors.items()}
-
-
-def differing(model: torch.nn.Module, reference: dict[str, tuple[torch.Size, torch.dtype, torch.Tensor]]) -> list[str]:
-    """The tensors of ``model`` that differ from ``reference`` (:func:`kernel_bytes`) in shape, dtype or a bit."""
-    ours = kernel_bytes(model)
-    names = sorted(ours.keys() | reference.keys())
-    return [n for n in names if n not in ours or n not in reference or ours[n][:2] != reference[n][:2]
-            or not torch.equal(ours[n][2], reference[n][2])]
-
-
-def identities(model: torch.nn.Module) -> dict[str, tuple[int, int]]:
-    """Every parameter and buffer: object id and data pointer."""
-    tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
-    return {name: (id(t), t.data_ptr()) for name, t in tensors.items()}

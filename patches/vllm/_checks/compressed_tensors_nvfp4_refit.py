@@ -17,9 +17,10 @@ from typing import Any
 
 import torch
 
-from patchkit.selfcheck import CheckContext, SelfCheckFailed, expect
+from patchkit.selfcheck import CheckContext, expect
 
 from .._nvfp4_checkpoint import items, process_weights_after_loading
+from ._refit_round_trip import differing, kernel_bytes, refit_steps
 
 
 def _first_load(kind: str, checkpoint: dict[str, torch.Tensor], device: str) -> Any:
@@ -30,22 +31,6 @@ def _first_load(kind: str, checkpoint: dict[str, torch.Tensor], device: str) -> 
     model.load_weights(items({k: v.to(device) for k, v in checkpoint.items()}))
     process_weights_after_loading(model)
     return model
-
-
-def _kernel_tensors(model: Any) -> dict[str, torch.Tensor]:
-    return {**dict(model.named_parameters()), **dict(model.named_buffers())}
-
-
-def _differences(model: Any, reference: Any) -> list[str]:
-    """The kernel tensors of ``model`` that differ from ``reference``'s in shape, dtype or any bit."""
-    ours, theirs = _kernel_tensors(model), _kernel_tensors(reference)
-    wrong = sorted(set(ours) ^ set(theirs))
-    for name in sorted(set(ours) & set(theirs)):
-        a, b = ours[name].detach(), theirs[name].detach()
-        if (a.shape, a.dtype) != (b.shape, b.dtype) or not torch.equal(
-                a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)):
-            wrong.append(name)
-    return wrong
 
 
 def check_compressed_tensors_nvfp4_refit(context: CheckContext) -> None:
@@ -59,7 +44,6 @@ def check_compressed_tensors_nvfp4_moe_refit(context: CheckContext) -> None:
 
 
 def _check(context: CheckContext, kind: str) -> None:
-    from ..refit import refit
     from ._cpu_stand_in import vllm_context
     from ._ct_nvfp4_checkpoint import linear_checkpoint, moe_checkpoint
 
@@ -68,19 +52,13 @@ def _check(context: CheckContext, kind: str) -> None:
     first, second = make(False, seed=1), make(False, seed=2)
     with vllm_context(device):
         model = _first_load(kind, first, device)
-        kernel_before = {name: (id(t), t.data_ptr()) for name, t in _kernel_tensors(model).items()}
-        for step, weights in (("refit with a second checkpoint", second), ("refit back", first)):
-            try:
-                with refit(model):
-                    model.load_weights(items({k: v.to(device) for k, v in weights.items()}))
-            except Exception as exc:
-                raise SelfCheckFailed(
-                    f"{step} of vLLM's compressed-tensors NVFP4 {kind} layers", "the layers take the new weights",
-                    f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}") from exc
-            wrong = _differences(model, _first_load(kind, weights, device))
+
+        def verify(step: str, weights: dict[str, torch.Tensor]) -> None:
+            wrong = differing(model, kernel_bytes(_first_load(kind, weights, device)))
             expect(not wrong, f"after the {step} every kernel tensor equals vLLM's own first load of that "
                    "checkpoint (bit for bit)", "all of them", wrong)
-            moved = sorted(k for k, v in {n: (id(t), t.data_ptr()) for n, t in _kernel_tensors(model).items()}.items()
-                           if kernel_before.get(k) != v)
-            expect(not moved, f"the {step} keeps every kernel tensor (same object, same storage)", "none replaced",
-                   moved)
+
+        refit_steps(model, f"vLLM's compressed-tensors NVFP4 {kind} layers",
+                    (("refit with a second checkpoint", second), ("refit back", first)),
+                    load=lambda weights: model.load_weights(items({k: v.to(device) for k, v in weights.items()})),
+                    verify=verify)

@@ -7,9 +7,10 @@ from typing import Any
 
 import torch
 
-from patchkit.selfcheck import CheckContext, NeedsGPU, SelfCheckFailed, expect
+from patchkit.selfcheck import CheckContext, NeedsGPU, expect
 
 from .._nvfp4_checkpoint import items, process_weights_after_loading
+from ._refit_round_trip import kernel_identities, refit_steps
 
 
 @contextlib.contextmanager
@@ -34,7 +35,6 @@ def _model_dtype(dtype: torch.dtype) -> Any:
 def check_fp8_refit(context: CheckContext) -> None:
     """Load one FP8 checkpoint, refit another, refit back: each time the layers' kernel tensors hold exactly
     that checkpoint (read without vLLM), in the same tensor objects and storage."""
-    from ..refit import refit
     from ._cpu_stand_in import vllm_context
     from ._fp8_checkpoint import Fp8TwoLinears, checkpoint, mismatches
 
@@ -50,18 +50,12 @@ def check_fp8_refit(context: CheckContext) -> None:
         process_weights_after_loading(model)
         wrong = mismatches(model, first)
         expect(not wrong, "vLLM's first load of an FP8 checkpoint serves it (kernel tensors)", "all of it", wrong)
-        kernel_before = {name: (id(p), p.data_ptr()) for name, p in model.named_parameters()}
-        for step, weights in (("refit with a second checkpoint", second), ("refit back", first)):
-            try:
-                with refit(model):
-                    model.load_weights(items(weights))
-            except Exception as exc:
-                raise SelfCheckFailed(f"{step} of vLLM's FP8 linear layers", "the layers take the new weights",
-                                      f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
-                                      ) from exc
+
+        def verify(step: str, weights: dict[str, torch.Tensor]) -> None:
             wrong = mismatches(model, weights)
             expect(not wrong, f"after the {step} the kernel tensors hold that checkpoint", "all of it", wrong)
-            moved = sorted(k for k, v in {n: (id(p), p.data_ptr()) for n, p in model.named_parameters()}.items()
-                           if kernel_before.get(k) != v)
-            expect(not moved, f"the {step} keeps every kernel tensor (same object, same storage)", "none replaced",
-                   moved)
+
+        refit_steps(model, "vLLM's FP8 linear layers",
+                    (("refit with a second checkpoint", second), ("refit back", first)),
+                    load=lambda weights: model.load_weights(items(weights)), verify=verify,
+                    identities=lambda m: kernel_identities(m, buffers=False))

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from patchkit.selfcheck import CheckContext, SelfCheckFailed, expect
+from patchkit.selfcheck import CheckContext, expect
 
 from .._nvfp4_checkpoint import (
     DOWN,
@@ -29,7 +29,8 @@ from .._nvfp4_checkpoint import (
     process_weights_after_loading,
     weights_a,
 )
-from .._nvfp4_marlin_w4a16_impl import as_checkpoint_says
+from .._nvfp4_marlin_w4a16 import as_checkpoint_says
+from ._refit_round_trip import refit_steps
 
 IN_FEATURES = {UP: 64, DOWN: 32}
 
@@ -58,7 +59,6 @@ def _kernel_tensors(model: TwoLinears) -> dict[str, tuple[int, int]]:
 
 def check_nvfp4_refit(context: CheckContext) -> None:
     """Load, refit with exported weights, refit back: each time the layers serve exactly the weights given."""
-    from ..refit import refit
     from ._cpu_stand_in import vllm_context
 
     first, exported = weights_a(), exported_weights()  # on the CPU, from CPU generators
@@ -71,18 +71,12 @@ def check_nvfp4_refit(context: CheckContext) -> None:
         error = _largest_error(model, first, context.device)
         expect(error <= 1e-4, "the first load serves the checkpoint's weights (largest output difference)",
                "<= 1e-4", f"{error:.3g}")
-        kernel_before = _kernel_tensors(model)
-        for step, weights in (("refit with exported weights", exported), ("refit back", first)):
-            try:
-                with refit(model):
-                    model.load_weights(items(weights))
-            except Exception as exc:
-                raise SelfCheckFailed(f"{step} of vLLM's NVFP4 linear layers", "the layers take the new weights",
-                                      f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
-                                      ) from exc
+
+        def verify(step: str, weights: dict[str, torch.Tensor]) -> None:
             error = _largest_error(model, weights, context.device)
             expect(error <= 1e-4, f"after the {step} the layers serve the new weights (largest output difference "
                    "from the reference dequantiser)", "<= 1e-4", f"{error:.3g}")
-            moved = sorted(k for k, v in _kernel_tensors(model).items() if kernel_before.get(k) != v)
-            expect(not moved, f"the {step} keeps every kernel tensor (same object, same storage)", "none replaced",
-                   moved)
+
+        refit_steps(model, "vLLM's NVFP4 linear layers",
+                    (("refit with exported weights", exported), ("refit back", first)),
+                    load=lambda weights: model.load_weights(items(weights)), verify=verify, identities=_kernel_tensors)

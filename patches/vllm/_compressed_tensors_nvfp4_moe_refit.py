@@ -1,4 +1,6 @@
-"""Keep ``use_a16`` on ``CompressedTensorsW4A4Nvfp4MoEMethod`` (vLLM 0.24-0.28), as 0.29+ do.
+"""``vllm.compressed_tensors_nvfp4_moe_refit``: the recording pair every refit patch installs
+(``_refit_record``), and, on vLLM 0.24-0.28, ``use_a16`` kept on ``CompressedTensorsW4A4Nvfp4MoEMethod``
+as 0.29+ do.
 
 Upstream (``compressed_tensors_moe/compressed_tensors_moe_w4a4_nvfp4.py``): ``__init__(moe, layer_name=None,
 use_a16=False)`` picks the backend with ``activation_key=None if use_a16 else kNvfp4Dynamic`` and, before
@@ -14,6 +16,10 @@ import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
+
+from ._refit_record import wrap_create_weights, wrap_process_weights_after_loading
+
+__all__ = ["wrap_create_weights", "wrap_init", "wrap_process_weights_after_loading"]
 
 
 def wrap_init(original: Callable[..., Any]) -> Callable[..., Any]:

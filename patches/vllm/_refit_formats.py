@@ -1,4 +1,10 @@
-"""Which layers a refit can take, by quant method: one table of formats, checked before anything is written.
+"""The refit formats, in one table: which layers each takes, which patch records them, which hooks it adds.
+
+Every part of a refit reads this table and nothing else about formats: the recording pair every refit
+patch installs (``_refit_record``) finds a layer's row to decide whether and how to record it, the
+check before a refit (``_refit_impl``) finds it to take or refuse the layer, and ``refit_mode`` asks
+the engine about the patches it names. Adding a format is its declaration and one row here (plus the
+row's hooks, where its layers need them); docs/vllm-refit.md ("Adding a format") shows both.
 
 - No quant method, vLLM's unquantized linear/embedding/fused-MoE methods (subclasses too, such as the
   MoE router's gate method: they keep the checkpoint layout) and KV-cache methods (their scales are
@@ -25,12 +31,12 @@ wraps (``old_quant_method``).
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from . import _mxfp4_targets
-from ._constants import REFIT_PATCH_ID
+from . import _mxfp4_targets, _mxfp8_targets
+from ._constants import NVFP4_REFIT_PATCH_ID
 
 _QUANT = "vllm.model_executor.layers.quantization"
 FP8 = f"{_QUANT}.fp8"
@@ -42,7 +48,8 @@ CT_MOE_NVFP4 = f"{_QUANT}.compressed_tensors.compressed_tensors_moe.compressed_t
 
 @dataclass(frozen=True)
 class RefitFormat:
-    """One format a refit takes: how its layers are recognised and which patch records them."""
+    """One format a refit takes: how its layers are recognised, which patch records them, and the
+    hooks its layers need (all optional)."""
 
     #: the patch that records this format's layers
     patch_id: str
@@ -58,6 +65,12 @@ class RefitFormat:
     unrefittable: Callable[[Any], str | None] | None = None
     #: what to add to the method's name in a message about a layer of this format
     detail: Callable[[Any], str] | None = None
+    #: ``(method, layer)`` -> the checkpoint's shape of each parameter vLLM padded beyond it
+    #: (``ParamSpec.checkpoint_shape``), for a format whose layers vLLM may pad
+    checkpoint_shapes: Callable[[Any, Any], Mapping[str, tuple[int, ...]]] | None = None
+    #: ``(layer)``, run before a refit's own processing of a recorded layer: undo what makes upstream's
+    #: processing run only once
+    before_reprocessing: Callable[[Any], None] | None = None
 
     def method_classes(self) -> tuple[type, ...]:
         return _imported(self.methods)
@@ -82,6 +95,7 @@ FORMATS: tuple[RefitFormat, ...] = (
         # 0.30 an MXFP8 linear layer uses the generic ModelOptLinearMethod (vllm.nvfp4_refit).
         "vllm.mxfp8_refit", "ModelOpt MXFP8 layers (vllm.mxfp8_refit)",
         methods=(f"{MODELOPT}:ModelOptMxFp8LinearMethod", f"{MODELOPT}:ModelOptMxFp8FusedMoE"),
+        before_reprocessing=_mxfp8_targets.allow_reprocessing,
     ),
     RefitFormat(
         "vllm.nvfp4_refit", "ModelOpt NVFP4 layers (vllm.nvfp4_refit)",
@@ -105,10 +119,9 @@ FORMATS: tuple[RefitFormat, ...] = (
         methods=(f"{MXFP4}:GptOssMxfp4MoEMethod", f"{MXFP4}:Mxfp4MoEMethod"),
         unrefittable=_mxfp4_targets.unrefittable_reason,
         detail=_mxfp4_targets.describe,
+        checkpoint_shapes=_mxfp4_targets.checkpoint_shapes,
     ),
 )
-
-
 
 def supported() -> str:
     """What a refit takes, for error messages."""
@@ -118,16 +131,24 @@ def supported() -> str:
 def recording_patches() -> tuple[str, ...]:
     """The patches that record layers for a refit, each once, the first refit patch first (its state
     is what ``refit_mode`` reports when none is installed)."""
-    return tuple(dict.fromkeys((REFIT_PATCH_ID, *(f.patch_id for f in FORMATS))))
+    return tuple(dict.fromkeys((NVFP4_REFIT_PATCH_ID, *(f.patch_id for f in FORMATS))))
+
+
+def matching_format(method: Any, layer: Any = None) -> RefitFormat | None:
+    """The row of a layer with quant method ``method``, whether or not a refit can take this layer."""
+    method = wrapped_method(method)
+    for fmt in FORMATS:
+        if fmt.matches(method, layer):
+            return fmt
+    return None
 
 
 def format_of(method: Any, layer: Any = None) -> RefitFormat | None:
     """The format of a layer with quant method ``method``, if a refit takes it."""
-    method = wrapped_method(method)
-    for fmt in FORMATS:
-        if fmt.matches(method, layer):
-            return fmt if fmt.unrefittable is None or fmt.unrefittable(method) is None else None
-    return None
+    fmt = matching_format(method, layer)
+    if fmt is None or (fmt.unrefittable is not None and fmt.unrefittable(wrapped_method(method)) is not None):
+        return None
+    return fmt
 
 
 def recording_patch(method: Any, layer: Any = None) -> str | None:
