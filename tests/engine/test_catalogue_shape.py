@@ -55,11 +55,7 @@ VERSION_MODULE = re.compile(r"^v\d{3}$")
 #: Modules another branch is editing while this test lands; the lead conforms them at merge and then
 #: deletes the entry. Each is (rule, module) -> why; the case is an expected failure (strict: once a
 #: module conforms, its entry must go).
-_VLLM_REFIT = "the vLLM refit family is being restructured into its family package on another branch"
-AWAITING_CONFORMANCE: dict[tuple[str, str], str] = {
-    ("layout", "vllm.lora"): _VLLM_REFIT,
-    ("layout", "vllm.refit"): _VLLM_REFIT,
-}
+AWAITING_CONFORMANCE: dict[tuple[str, str], str] = {}
 
 
 @dataclass

@@ -83,7 +83,7 @@ def _modelopt_nvfp4(kind: str) -> FormatCase:
 
 
 def _mxfp8(kind: str) -> FormatCase:
-    from patchkit.patches.vllm._checks._mxfp8 import MODELS, checkpoint, emulation_backends, has_linear_method
+    from patchkit.patches.vllm.refit._checks._mxfp8 import MODELS, checkpoint, emulation_backends, has_linear_method
 
     return FormatCase(
         lambda: ("vllm.mxfp8_refit",) if has_linear_method() else ("vllm.mxfp8_refit", "vllm.nvfp4_refit"),
@@ -93,7 +93,7 @@ def _mxfp8(kind: str) -> FormatCase:
 
 
 def _mxfp4() -> FormatCase:
-    from patchkit.patches.vllm._checks._mxfp4_moe import Mxfp4Moe, checkpoint, marlin_backend
+    from patchkit.patches.vllm.refit._checks._mxfp4_moe import Mxfp4Moe, checkpoint, marlin_backend
 
     return FormatCase(
         lambda: ("vllm.mxfp4_moe_refit",), ("vllm_config",), lambda: marlin_backend("cpu"),

@@ -184,7 +184,7 @@ def test_without_patchkit_a_second_load_is_refused_or_wrong(kernels: None, kind:
 def test_other_compressed_tensors_schemes_pass_through_unrecorded(ct_nvfp4_refit_patch: None) -> None:
     """The linear method serves every compressed-tensors scheme: only NVFP4 layers are recorded (W4A16 int4
     here, ``CompressedTensorsWNA16``), and a refit still refuses the others."""
-    from patchkit.patches.vllm._refit_state import CREATED_ATTR
+    from patchkit.patches.vllm.refit._state import CREATED_ATTR
     from test_refit_unsupported_quant import Model, compressed_tensors_w4a16_int4_config
 
     assert CREATED_ATTR in vars(CtLinears(a16=False).down)  # what the wrap keeps for an NVFP4 layer
@@ -299,7 +299,7 @@ def test_the_moe_method_tells_a_refit_which_input_scales_an_nvfp4a16_layer_lacks
     stood in; the method's ``__init__`` is upstream's."""
     import importlib
 
-    from patchkit.patches.vllm._refit_placeholders import unread_placeholders
+    from patchkit.patches.vllm.refit._placeholders import unread_placeholders
 
     import patchkit
 

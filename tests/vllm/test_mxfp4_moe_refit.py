@@ -3,7 +3,7 @@
 The layer is vLLM's, with ``GptOssMxfp4Config`` or ``Mxfp4Config`` on vLLM's MARLIN backend:
 ``create_weights``, the weight loaders and ``process_weights_after_loading`` (Marlin repack and scale
 permutation) are upstream's; on CPU, Marlin's device check and its CUDA repack op are stood in
-(``patchkit.patches.vllm._checks._mxfp4_moe.marlin_backend``, read it for exactly what). The proof for
+(``patchkit.patches.vllm.refit._checks._mxfp4_moe.marlin_backend``, read it for exactly what). The proof for
 every case is vLLM's own first load of the same checkpoint into a fresh model: after each refit every
 kernel tensor equals that model's bit for bit, and keeps its object and storage.
 
@@ -25,7 +25,8 @@ from nvfp4_helpers import (
     native_reload,
     natively_loaded,
 )
-from patchkit.patches.vllm._checks._mxfp4_moe import (
+from patchkit.patches.vllm.refit import RefitError, UnsupportedQuantizationError, refit_weights
+from patchkit.patches.vllm.refit._checks._mxfp4_moe import (
     GPT_OSS_HIDDEN,
     GPT_OSS_INTERMEDIATE,
     HIDDEN,
@@ -39,7 +40,6 @@ from patchkit.patches.vllm._checks._mxfp4_moe import (
     kernel_bytes,
     marlin_backend,
 )
-from patchkit.patches.vllm.refit import RefitError, UnsupportedQuantizationError, refit_weights
 from refit_driver import dropped, halved, refit_alternately, retyped
 
 import patchkit

@@ -3,7 +3,7 @@
 The layers are vLLM's, with ``ModelOptMxFp8Config``: ``create_weights``, the weight loaders and
 ``process_weights_after_loading`` are upstream's, on vLLM's emulation kernels (the linear kernel
 dequantises to bf16 at load; so does the MoE EMULATION backend). On CPU only the backend selection is
-stood in (``patchkit.patches.vllm._checks._mxfp8.emulation_backends``: the emulation linear kernel listed
+stood in (``patchkit.patches.vllm.refit._checks._mxfp8.emulation_backends``: the emulation linear kernel listed
 for the CPU platform; on 0.24 the MoE oracle's EMULATION answer where it finds none). The proof for every
 case is vLLM's own first load of the same checkpoint into a fresh model: after each refit every kernel
 tensor equals that model's bit for bit, and keeps its object and storage.
@@ -26,7 +26,8 @@ from nvfp4_helpers import (
     natively_loaded,
     process_weights_after_loading,
 )
-from patchkit.patches.vllm._checks._mxfp8 import (
+from patchkit.patches.vllm.refit import RefitError, refit_weights
+from patchkit.patches.vllm.refit._checks._mxfp8 import (
     MODELS,
     checkpoint,
     emulation_backends,
@@ -34,9 +35,8 @@ from patchkit.patches.vllm._checks._mxfp8 import (
     has_linear_method,
     items,
 )
-from patchkit.patches.vllm._checks._refit_round_trip import differing, kernel_bytes
-from patchkit.patches.vllm._checks._refit_round_trip import kernel_identities as identities
-from patchkit.patches.vllm.refit import RefitError, refit_weights
+from patchkit.patches.vllm.refit._checks._round_trip import differing, kernel_bytes
+from patchkit.patches.vllm.refit._checks._round_trip import kernel_identities as identities
 from refit_driver import dropped, first_byte_set, halved, refit_alternately, retyped
 
 import patchkit
@@ -237,7 +237,7 @@ def test_recording_alone_is_refused_at_the_moe_layers_second_processing(
     """Why the patch clears upstream's once-only flag for a refit: left set, the refit's processing leaves
     the staged E4M3 tensors unconverted (refused here for their dtype; where a backend keeps the checkpoint's
     dtype they would be copied raw)."""
-    from patchkit.patches.vllm import _mxfp8_targets
+    from patchkit.patches.vllm.refit import _mxfp8_targets
 
     model = started("moe", "load", vllm_config)
     before = kernel_state(model)

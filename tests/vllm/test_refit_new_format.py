@@ -2,7 +2,7 @@
 
 The sixth format here is a quant method of this test module's own (``SixthFormatLinearMethod``: vLLM's
 FP8 linear method under another class, so vLLM's loaders and processing run unchanged). Its
-declaration wraps the method with the recording pair every refit patch installs (``_refit_record``);
+declaration wraps the method with the recording pair every refit patch installs (``refit._record``);
 its row in ``_refit_formats.FORMATS`` names the class and the patch. With those two, vLLM's own layers
 of the format are recorded at their first processing and refitted to what vLLM's own first load of the
 same checkpoint serves, in the same kernel tensors; without the row, they are not recorded and a
@@ -18,9 +18,9 @@ import pytest
 import torch
 from fp8_helpers import HIDDEN, INTERMEDIATE, linear_checkpoint
 from nvfp4_helpers import bits, dummy_started, kernel_state, process_weights_after_loading
-from patchkit.patches.vllm import _refit_formats
 from patchkit.patches.vllm._checks._gate_up_down import GateUpDown
 from patchkit.patches.vllm.refit import UnsupportedQuantizationError, refit_weights
+from patchkit.patches.vllm.refit import _formats as _refit_formats
 from vllm.model_executor.layers.linear import LinearBase
 from vllm.model_executor.layers.quantization.fp8 import Fp8Config, Fp8LinearMethod
 
@@ -28,7 +28,7 @@ import patchkit
 from patchkit import Patch, Variant, Wrap
 
 PATCH_ID = "vllm.sixth_format_refit"
-_RECORD = "patchkit.patches.vllm._refit_record"
+_RECORD = "patchkit.patches.vllm.refit._record"
 
 
 class SixthFormatLinearMethod(Fp8LinearMethod):

@@ -1,9 +1,0 @@
-"""``vllm.fp8_refit``: FP8 layers are recorded by the recording pair every refit patch installs
-(``_refit_record``), driven by their row in the format table (``_refit_formats``); they need no hook.
-"""
-
-from __future__ import annotations
-
-from ._refit_record import wrap_create_weights, wrap_process_weights_after_loading
-
-__all__ = ["wrap_create_weights", "wrap_process_weights_after_loading"]
