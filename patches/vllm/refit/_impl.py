@@ -188,16 +188,21 @@ def _checked_counting_loader(
 
 def _loader_error(layer_name: str, name: str) -> Callable[[torch.Tensor, torch.Tensor, Exception], RefitError]:
     def error(target: torch.Tensor, loaded_weight: torch.Tensor, exc: Exception) -> RefitError:
-        return RefitError(
-            f"refit of layer {layer_name!r}: parameter {name!r} is {describe_tensor(target)}"
-            f" but the refit tensor is {describe_tensor(loaded_weight)} ({exc})",
-            layer=layer_name,
-            parameter=name,
-            expected=describe_tensor(target),
-            got=describe_tensor(loaded_weight),
-        )
+        return _mismatch(layer_name, name, target, loaded_weight, str(exc))
 
     return error
+
+
+def _mismatch(layer_name: str, name: str, target: torch.Tensor, loaded_weight: torch.Tensor, why: str) -> RefitError:
+    """The error for a refit tensor that does not fit its parameter, naming both and ``why``."""
+    return RefitError(
+        f"refit of layer {layer_name!r}: parameter {name!r} is {describe_tensor(target)}"
+        f" but the refit tensor is {describe_tensor(loaded_weight)} ({why})",
+        layer=layer_name,
+        parameter=name,
+        expected=describe_tensor(target),
+        got=describe_tensor(loaded_weight),
+    )
 
 
 def _check_tensor(
@@ -217,15 +222,8 @@ def _check_dtype(
     exact = dtype in _EXACT_DTYPES
     ok = loaded_weight.dtype == dtype if exact else loaded_weight.is_floating_point()
     if not ok:
-        raise RefitError(
-            f"refit of layer {layer_name!r}: parameter {name!r} is {describe_tensor(target)}"
-            f" but the refit tensor is {describe_tensor(loaded_weight)} (dtype must be"
-            f" {dtype if exact else 'a floating type'})",
-            layer=layer_name,
-            parameter=name,
-            expected=describe_tensor(target),
-            got=describe_tensor(loaded_weight),
-        )
+        must = dtype if exact else "a floating type"
+        raise _mismatch(layer_name, name, target, loaded_weight, f"dtype must be {must}")
 
 
 # --- finish --------------------------------------------------------------------------------------
