@@ -28,10 +28,12 @@ def refit_steps(
     load: Callable[[dict[str, torch.Tensor]], None],
     verify: Callable[[str, dict[str, torch.Tensor]], None],
     identities: Callable[[Any], dict[str, tuple[int, int]]] | None = None,
+    takes: str = "the layers take the new weights",
 ) -> None:
     """Refit ``model`` (``what``: its layers, for messages) with each step's checkpoint, loaded by
     ``load`` inside ``refit(model)``; after each, ``verify(step, checkpoint)`` and check that no kernel
-    tensor was replaced (``identities``: every parameter and buffer by default)."""
+    tensor was replaced (``identities``: every parameter and buffer by default). A refit that raises
+    fails the check as ``takes`` not holding."""
     from .._api import refit
 
     identities_of = identities or kernel_identities
@@ -41,7 +43,7 @@ def refit_steps(
             with refit(model):
                 load(weights)
         except Exception as exc:
-            raise SelfCheckFailed(f"{step} of {what}", "the layers take the new weights", _first_line(exc)) from exc
+            raise SelfCheckFailed(f"{step} of {what}", takes, _first_line(exc)) from exc
         verify(step, weights)
         moved = sorted(name for name, now in identities_of(model).items() if before.get(name) != now)
         expect(not moved, f"the {step} of {what} keeps every kernel tensor (same object, same storage)",

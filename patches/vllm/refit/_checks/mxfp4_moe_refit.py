@@ -43,4 +43,5 @@ def check_mxfp4_moe_refit(context: CheckContext) -> None:
         refit_steps(model, "vLLM's MXFP4 MoE layer",
                     (("refit with a second checkpoint", second), ("refit back", first)),
                     load=lambda weights: model.load_weights((k, v.to(device)) for k, v in weights.items()),
-                    verify=verify, identities=lambda m: kernel_identities(m, buffers=False))
+                    verify=verify, identities=lambda m: kernel_identities(m, buffers=False),
+                    takes="the layer takes the new weights")

@@ -41,4 +41,5 @@ def _check(kind: str, device: str) -> None:
                " checkpoint", "all of them, bit for bit", wrong)
 
     refit_steps(model, what, (("refit with a second checkpoint", second), ("refit back", first)),
-                load=lambda weights: model.load_weights(items(weights, device)), verify=verify)
+                load=lambda weights: model.load_weights(items(weights, device)), verify=verify,
+                takes="the layer takes the new weights")
