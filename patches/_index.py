@@ -21,7 +21,9 @@ FOLDERS = {
     'megatron.router_replay': ('moe_alltoall_replay_token_count.py', 'router_replay.py', 'router_replay_validation.py', 'routing_replay_keyword.py'),
     'modelopt': ('qat',),
     'modelopt.qat': ('nvfp4_cpu_fake_quant.py',),
-    'vllm': ('compressed_tensors_nvfp4_refit.py', 'fp8_refit.py', 'lora.py', 'lora_from_tensors.py', 'moe_expert_weight_loaders.py', 'mxfp4_moe_refit.py', 'mxfp8_refit.py', 'nvfp4_marlin_w4a16.py', 'nvfp4_refit.py', 'refit.py', 'serve_signals_main_thread.py'),
+    'vllm': ('lora', 'moe_expert_weight_loaders.py', 'nvfp4_marlin_w4a16.py', 'refit', 'serve_signals_main_thread.py'),
+    'vllm.lora': ('lora_from_tensors.py',),
+    'vllm.refit': ('compressed_tensors_nvfp4_moe_refit.py', 'compressed_tensors_nvfp4_refit.py', 'fp8_refit.py', 'mxfp4_moe_refit.py', 'mxfp8_refit.py', 'nvfp4_refit.py'),
 }
 
 DECLARATIONS = {
@@ -100,28 +102,31 @@ DECLARATIONS = {
     'modelopt.qat.nvfp4_cpu_fake_quant': (
         ('modelopt.nvfp4_cpu_fake_quant', True, (('nvidia-modelopt', 'modelopt'),), ('modelopt.torch.quantization',), ('nvidia-modelopt',)),
     ),
-    'vllm.compressed_tensors_nvfp4_refit': (
-        ('vllm.compressed_tensors_nvfp4_refit', False, (('vllm', 'vllm'),), ('vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors', 'vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe.compressed_tensors_moe_w4a4_nvfp4'), ('vllm',)),
-    ),
-    'vllm.fp8_refit': (
-        ('vllm.fp8_refit', False, (('vllm', 'vllm'),), ('vllm.model_executor.layers.quantization.fp8',), ('vllm',)),
-    ),
-    'vllm.lora_from_tensors': (
+    'vllm.lora.lora_from_tensors': (
         ('vllm.lora_from_tensors', False, (('vllm', 'vllm'),), ('vllm.lora.worker_manager',), ('vllm',)),
     ),
     'vllm.moe_expert_weight_loaders': (
         ('vllm.moe_expert_weight_loaders', False, (('vllm', 'vllm'),), (), ('vllm',)),
     ),
-    'vllm.mxfp4_moe_refit': (
-        ('vllm.mxfp4_moe_refit', False, (('vllm', 'vllm'),), ('vllm.model_executor.layers.quantization.mxfp4',), ('vllm',)),
-    ),
-    'vllm.mxfp8_refit': (
-        ('vllm.mxfp8_refit', False, (('vllm', 'vllm'),), ('vllm.model_executor.layers.quantization.modelopt',), ('vllm',)),
-    ),
     'vllm.nvfp4_marlin_w4a16': (
         ('vllm.nvfp4_marlin_w4a16', True, (('vllm', 'vllm'),), ('vllm.model_executor.layers.quantization.modelopt',), ('vllm',)),
     ),
-    'vllm.nvfp4_refit': (
+    'vllm.refit.compressed_tensors_nvfp4_moe_refit': (
+        ('vllm.compressed_tensors_nvfp4_moe_refit', False, (('vllm', 'vllm'),), ('vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe.compressed_tensors_moe_w4a4_nvfp4',), ('vllm',)),
+    ),
+    'vllm.refit.compressed_tensors_nvfp4_refit': (
+        ('vllm.compressed_tensors_nvfp4_refit', False, (('vllm', 'vllm'),), ('vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors',), ('vllm',)),
+    ),
+    'vllm.refit.fp8_refit': (
+        ('vllm.fp8_refit', False, (('vllm', 'vllm'),), ('vllm.model_executor.layers.quantization.fp8',), ('vllm',)),
+    ),
+    'vllm.refit.mxfp4_moe_refit': (
+        ('vllm.mxfp4_moe_refit', False, (('vllm', 'vllm'),), ('vllm.model_executor.layers.quantization.mxfp4',), ('vllm',)),
+    ),
+    'vllm.refit.mxfp8_refit': (
+        ('vllm.mxfp8_refit', False, (('vllm', 'vllm'),), ('vllm.model_executor.layers.quantization.modelopt',), ('vllm',)),
+    ),
+    'vllm.refit.nvfp4_refit': (
         ('vllm.nvfp4_refit', False, (('vllm', 'vllm'),), ('vllm.model_executor.layers.quantization.modelopt',), ('vllm',)),
     ),
     'vllm.serve_signals_main_thread': (

@@ -44,7 +44,7 @@ PATCHES = (
                 installs=(
                     Wrap(
                         "vllm.model_executor.layers.quantization.modelopt:ModelOptNvFp4Config.__init__",
-                        "._nvfp4_marlin_w4a16_impl:wrap_config_init",
+                        "._nvfp4_marlin_w4a16:wrap_config_init",
                     ),
                 ),
                 label="quant-method-w4a16",

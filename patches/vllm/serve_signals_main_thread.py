@@ -37,7 +37,7 @@ PATCHES = (
         variants=(
             Variant(
                 requires={"vllm": ">=0.24,<0.34"},
-                installs=(Replace(f"{SERVE}:signal", "._serve_signals_v024:MAIN_THREAD_SIGNALS"),),
+                installs=(Replace(f"{SERVE}:signal", "._serve_signals_main_thread:MAIN_THREAD_SIGNALS"),),
                 label="serve-module-signals",
             ),
         ),

@@ -553,28 +553,38 @@ RECORDS = {
             )),
         ),
     },
-    'vllm.compressed_tensors_nvfp4_refit': {
-        'ct-nvfp4-linear-moe': (
+    'vllm.compressed_tensors_nvfp4_moe_refit': {
+        'ct-nvfp4-moe': (
             ((('vllm', '0.29.0'),), 'verified', (
-                ('vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors:CompressedTensorsLinearMethod.create_weights', '76e9f6c949ca1cfd'),
-                ('vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors:CompressedTensorsLinearMethod.process_weights_after_loading', 'b8c132c2a853bc55'),
                 ('vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe.compressed_tensors_moe_w4a4_nvfp4:CompressedTensorsW4A4Nvfp4MoEMethod.create_weights', '0cedd575e393f9ec'),
                 ('vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe.compressed_tensors_moe_w4a4_nvfp4:CompressedTensorsW4A4Nvfp4MoEMethod.process_weights_after_loading', '2bd69cd992b16bd1'),
             )),
             ((('vllm', '0.33.0'),), 'verified', (
-                ('vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors:CompressedTensorsLinearMethod.create_weights', '76e9f6c949ca1cfd'),
-                ('vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors:CompressedTensorsLinearMethod.process_weights_after_loading', 'b8c132c2a853bc55'),
                 ('vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe.compressed_tensors_moe_w4a4_nvfp4:CompressedTensorsW4A4Nvfp4MoEMethod.create_weights', '0cedd575e393f9ec'),
                 ('vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe.compressed_tensors_moe_w4a4_nvfp4:CompressedTensorsW4A4Nvfp4MoEMethod.process_weights_after_loading', '2bd69cd992b16bd1'),
             )),
         ),
-        'ct-nvfp4-linear-moe-keep-a16': (
+        'ct-nvfp4-moe-keep-a16': (
             ((('vllm', '0.24.0'),), 'verified', (
-                ('vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors:CompressedTensorsLinearMethod.create_weights', '76e9f6c949ca1cfd'),
-                ('vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors:CompressedTensorsLinearMethod.process_weights_after_loading', 'b8c132c2a853bc55'),
                 ('vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe.compressed_tensors_moe_w4a4_nvfp4:CompressedTensorsW4A4Nvfp4MoEMethod.__init__', '1f3a86e01c71eaca'),
                 ('vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe.compressed_tensors_moe_w4a4_nvfp4:CompressedTensorsW4A4Nvfp4MoEMethod.create_weights', '0cedd575e393f9ec'),
                 ('vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe.compressed_tensors_moe_w4a4_nvfp4:CompressedTensorsW4A4Nvfp4MoEMethod.process_weights_after_loading', '7edb2e16ed8eb1bc'),
+            )),
+        ),
+    },
+    'vllm.compressed_tensors_nvfp4_refit': {
+        'ct-nvfp4-linear': (
+            ((('vllm', '0.24.0'),), 'verified', (
+                ('vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors:CompressedTensorsLinearMethod.create_weights', '76e9f6c949ca1cfd'),
+                ('vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors:CompressedTensorsLinearMethod.process_weights_after_loading', 'b8c132c2a853bc55'),
+            )),
+            ((('vllm', '0.29.0'),), 'verified', (
+                ('vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors:CompressedTensorsLinearMethod.create_weights', '76e9f6c949ca1cfd'),
+                ('vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors:CompressedTensorsLinearMethod.process_weights_after_loading', 'b8c132c2a853bc55'),
+            )),
+            ((('vllm', '0.33.0'),), 'verified', (
+                ('vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors:CompressedTensorsLinearMethod.create_weights', '76e9f6c949ca1cfd'),
+                ('vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors:CompressedTensorsLinearMethod.process_weights_after_loading', 'b8c132c2a853bc55'),
             )),
         ),
     },

@@ -29,6 +29,7 @@ AUTOLOAD = "PATCHKIT_AUTOLOAD"
 EXTRA_PATCHES = "PATCHKIT_EXTRA_PATCHES"
 MANIFEST_DIR = "PATCHKIT_MANIFEST_DIR"
 FINGERPRINT_CACHE = "PATCHKIT_FINGERPRINT_CACHE"
+REFIT_ALLOW_NON_FINITE = "PATCHKIT_REFIT_ALLOW_NON_FINITE"
 
 #: Documented in the README; every variable patchkit reads.
 VARIABLES: Mapping[str, str] = {
@@ -45,6 +46,8 @@ VARIABLES: Mapping[str, str] = {
                   "at start-up and at exit",
     FINGERPRINT_CACHE: "1/true/yes/on (the default) or 0/false/no/off: keep upstream fingerprints in "
                        "~/.cache/patchkit (a malformed value turns the cache off)",
+    REFIT_ALLOW_NON_FINITE: "1/true/yes/on or 0/false/no/off (the default): every vLLM refit in the process "
+                            "loads NaN/Inf weights and scales as vLLM does, instead of refusing them",
 }
 
 MTP_OUTPUT_HEAD = "PATCHKIT_MTP_OUTPUT_HEAD"
@@ -297,6 +300,8 @@ def read(
         manifest_dir=attempt(MANIFEST_DIR, lambda: parse_folder(MANIFEST_DIR, env.get(MANIFEST_DIR, "")), None),
     )
     attempt(FINGERPRINT_CACHE, lambda: _cache_flag(env), True)
+    attempt(REFIT_ALLOW_NON_FINITE, lambda: parse_bool(REFIT_ALLOW_NON_FINITE, env.get(REFIT_ALLOW_NON_FINITE, "")),
+            False)
     for variable in CHOICES:
         attempt(variable, lambda name=variable: choice(name, env), "")  # type: ignore[misc]
     if known_ids is not None:
@@ -343,6 +348,7 @@ _CONSEQUENCES: Mapping[str, str] = {
     EXTRA_PATCHES: "no extra declaration module registered",
     MANIFEST_DIR: "no manifest written",
     FINGERPRINT_CACHE: "the fingerprint cache is off",
+    REFIT_ALLOW_NON_FINITE: "vLLM refits refuse non-finite values",
 }
 
 
@@ -420,3 +426,13 @@ def check_known(settings: Settings, known_ids: Sequence[str]) -> list[str]:
                 close = difflib.get_close_matches(pattern, known_ids, n=3, cutoff=0.5)
                 raise UnknownPatchError(variable, pattern, close)
     return warnings
+
+
+def refit_allows_non_finite(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether vLLM refits load NaN/Inf values (``PATCHKIT_REFIT_ALLOW_NON_FINITE``), off when unset. A
+    malformed value keeps it off: refusing them is the side that changes no weight."""
+    env = os.environ if environ is None else environ
+    try:
+        return parse_bool(REFIT_ALLOW_NON_FINITE, env.get(REFIT_ALLOW_NON_FINITE, ""))
+    except ConfigError:
+        return False

@@ -147,7 +147,7 @@ def test_a_vllm_model_missing_a_name_is_refused_and_no_nvfp4_layer_changes(
 
 def test_a_failed_refit_leaves_no_plain_parameter_changed(nvfp4_refit_patch, cpu_backend, stack):
     """Norms, embeddings and the output layer are written in place by vLLM's loaders before the
-    failing name; the refit puts them back too (``_refit_plain``)."""
+    failing name; the refit puts them back too (``refit._plain``)."""
     state = trained_state(False, torch.float32, steps=1)
     model = dummy_started(ServingModel(shapes_of(state), "NVFP4", torch.float32,
                                        leave_out=("decoder.layers.1.mlp.linear_fc2",)), stack)

@@ -83,9 +83,11 @@ def test_shipped_helper_modules_are_not_loaded_at_start_up_and_declare_nothing()
     """The public APIs carry no dummy ``PATCHES``; the modules behind a family package's API stay out
     of start-up (the package itself is imported: its declarations sit in it)."""
     helpers = ["patchkit.patches.megatron.router_replay._api", "patchkit.patches.megatron.mtp._api",
-               "patchkit.patches.modelopt.qat._apply", "patchkit.patches.vllm.refit", "patchkit.patches.entry_points"]
+               "patchkit.patches.modelopt.qat._apply", "patchkit.patches.vllm.refit._api",
+               "patchkit.patches.vllm.lora._api", "patchkit.patches.entry_points"]
     families = ["patchkit.patches.megatron.router_replay", "patchkit.patches.megatron.mtp",
-                "patchkit.patches.modelopt.qat", "patchkit.patches.bridge.qat"]
+                "patchkit.patches.modelopt.qat", "patchkit.patches.bridge.qat", "patchkit.patches.vllm.refit",
+                "patchkit.patches.vllm.lora"]
     code = textwrap.dedent(f"""
         import importlib, sys
         from patchkit.runtime import catalogue

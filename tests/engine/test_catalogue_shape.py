@@ -55,14 +55,7 @@ VERSION_MODULE = re.compile(r"^v\d{3}$")
 #: Modules another branch is editing while this test lands; the lead conforms them at merge and then
 #: deletes the entry. Each is (rule, module) -> why; the case is an expected failure (strict: once a
 #: module conforms, its entry must go).
-_VLLM_REFIT = "the vLLM refit family is being restructured into its family package on another branch"
-AWAITING_CONFORMANCE: dict[tuple[str, str], str] = {
-    ("layout", "vllm.lora"): _VLLM_REFIT,
-    ("layout", "vllm.refit"): _VLLM_REFIT,
-    **{("implementation_named_after_patch", f"vllm.{tail}"): _VLLM_REFIT for tail in (
-        "compressed_tensors_nvfp4_refit", "fp8_refit", "mxfp4_moe_refit", "mxfp8_refit", "nvfp4_marlin_w4a16",
-        "nvfp4_refit", "serve_signals_main_thread")},
-}
+AWAITING_CONFORMANCE: dict[tuple[str, str], str] = {}
 
 
 @dataclass

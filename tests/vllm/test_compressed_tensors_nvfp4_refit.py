@@ -39,9 +39,11 @@ from nvfp4_helpers import (
     natively_loaded,
     process_weights_after_loading,
 )
-from patchkit.patches.vllm.refit import RefitError, UnsupportedQuantizationError, refit, refit_weights
+from patchkit.patches.vllm.refit import RefitError, UnsupportedQuantizationError, refit_weights
+from refit_driver import dropped, halved, pointers, refit_alternately, retyped
 
 PATCH = "vllm.compressed_tensors_nvfp4_refit"
+MOE_PATCH = "vllm.compressed_tensors_nvfp4_moe_refit"
 
 KINDS = {
     "linear-w4a4": (lambda: CtLinears(a16=False), lambda seed: linear_checkpoint(False, seed)),
@@ -61,12 +63,11 @@ def kernels(request: pytest.FixtureRequest, cpu_nvfp4_kernels: None) -> Iterator
 
 @pytest.fixture
 def ct_nvfp4_refit_patch(kernels: None) -> Iterator[None]:
-    """``vllm.compressed_tensors_nvfp4_refit`` applied for the test, reverted after."""
+    """``vllm.compressed_tensors_nvfp4_refit`` and its MoE twin applied for the test, reverted after."""
     import patchkit
 
-    with patchkit.applied(PATCH) as records:
-        (record,) = records
-        assert record.state.installed, record.to_dict()
+    with patchkit.applied(PATCH, MOE_PATCH) as records:
+        assert all(record.state.installed for record in records), [r.to_dict() for r in records]
         yield
 
 
@@ -108,17 +109,8 @@ def test_refits_equal_vllms_first_load_in_the_same_kernel_tensors(
     ct_nvfp4_refit_patch: None, vllm_config: object, kind: str, start: str
 ) -> None:
     model = started(kind, start, vllm_config)
-    ptrs = {name: ptr for name, (ptr, _) in kernel_state(model).items()}
-    checkpoints = [KINDS[kind][1](seed) for seed in (1, 2)]
-    for step in range(3):
-        checkpoint = checkpoints[step % 2]
-        if step % 2:
-            refit_weights(model, items(checkpoint))
-        else:
-            with refit(model):
-                model.load_weights(items(checkpoint))
-        assert_same_as_first_load(model, first_load(kind, checkpoint))
-        assert {name: ptr for name, (ptr, _) in kernel_state(model).items()} == ptrs
+    refit_alternately(model, [KINDS[kind][1](seed) for seed in (1, 2)], 3,
+                      lambda checkpoint: assert_same_as_first_load(model, first_load(kind, checkpoint)), pointers)
 
 
 def test_the_moe_kernel_built_at_first_load_is_kept_and_reads_the_refitted_scales(
@@ -132,22 +124,9 @@ def test_the_moe_kernel_built_at_first_load_is_kept_and_reads_the_refitted_scale
     assert kernel.fused_experts.w1_scale_val.data_ptr() == model.routed.w13_weight_scale.data_ptr()
 
 
-def _wrong_shape(checkpoint: dict[str, torch.Tensor]) -> str:
-    name = next(n for n in reversed(checkpoint) if n.endswith(".weight_packed"))
-    checkpoint[name] = checkpoint[name][: checkpoint[name].shape[0] // 2].contiguous()
-    return name
-
-
-def _wrong_dtype(checkpoint: dict[str, torch.Tensor]) -> str:
-    name = next(n for n in reversed(checkpoint) if n.endswith(".weight_packed"))
-    checkpoint[name] = checkpoint[name].to(torch.bfloat16)
-    return name
-
-
-def _missing_scale(checkpoint: dict[str, torch.Tensor]) -> str:
-    name = next(n for n in reversed(checkpoint) if n.endswith(".weight_global_scale"))
-    del checkpoint[name]
-    return name
+_wrong_shape = halved(".weight_packed", dim=0)
+_wrong_dtype = retyped(".weight_packed", torch.bfloat16)
+_missing_scale = dropped(".weight_global_scale")
 
 
 @pytest.mark.parametrize("kind", CASES)
@@ -183,7 +162,8 @@ def test_without_the_patch_a_refit_is_refused_by_name(
     patch existed; now a RefitError naming the patch that must record it), changing nothing."""
     model = first_load(kind, KINDS[kind][1](1))
     before = kernel_state(model)
-    with pytest.raises(RefitError, match=rf"processed before patchkit recorded it.*{PATCH}") as caught:
+    patch = MOE_PATCH if kind.startswith("moe") else PATCH
+    with pytest.raises(RefitError, match=rf"processed before patchkit recorded it.*{patch}") as caught:
         refit_weights(model, items(KINDS[kind][1](2)))
     assert not isinstance(caught.value, UnsupportedQuantizationError)
     assert_same_kernel_state(model, before)
@@ -204,7 +184,7 @@ def test_without_patchkit_a_second_load_is_refused_or_wrong(kernels: None, kind:
 def test_other_compressed_tensors_schemes_pass_through_unrecorded(ct_nvfp4_refit_patch: None) -> None:
     """The linear method serves every compressed-tensors scheme: only NVFP4 layers are recorded (W4A16 int4
     here, ``CompressedTensorsWNA16``), and a refit still refuses the others."""
-    from patchkit.patches.vllm._refit_state import CREATED_ATTR
+    from patchkit.patches.vllm.refit._state import CREATED_ATTR
     from test_refit_unsupported_quant import Model, compressed_tensors_w4a16_int4_config
 
     assert CREATED_ATTR in vars(CtLinears(a16=False).down)  # what the wrap keeps for an NVFP4 layer
@@ -319,7 +299,7 @@ def test_the_moe_method_tells_a_refit_which_input_scales_an_nvfp4a16_layer_lacks
     stood in; the method's ``__init__`` is upstream's."""
     import importlib
 
-    from patchkit.patches.vllm._refit_placeholders import unread_placeholders
+    from patchkit.patches.vllm.refit._placeholders import unread_placeholders
 
     import patchkit
 
@@ -335,7 +315,7 @@ def test_the_moe_method_tells_a_refit_which_input_scales_an_nvfp4a16_layer_lacks
     from vllm.model_executor.layers.fused_moe.oracle.nvfp4 import NvFp4MoeBackend
 
     monkeypatch.setattr(module, "select_nvfp4_moe_backend", select_nvfp4_moe_backend)
-    with patchkit.applied(PATCH):
+    with patchkit.applied(MOE_PATCH):
         method = module.CompressedTensorsW4A4Nvfp4MoEMethod(None, "experts", use_a16=use_a16)
     assert (asked[0] is None) == use_a16  # upstream's own use of the flag
     expected = {"w13_input_global_scale", "w2_input_global_scale"} if use_a16 else set()

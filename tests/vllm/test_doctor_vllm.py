@@ -96,8 +96,8 @@ def test_the_command_verifies_every_vllm_patch_in_a_fresh_process_without_the_te
     # The MXFP4 MoE check selects vLLM's CPU platform itself and stands Marlin in; the LoRA check builds
     # vLLM's worker LoRA manager on the CPU platform; the MXFP8 check selects vLLM's emulation kernels for
     # both platforms 0.24's kernel table may key on: all verified on 0.24, 0.29, 0.33.
-    expected = dict.fromkeys((MARLIN, PATCH, CT_NVFP4, "vllm.serve_signals_main_thread", "vllm.mxfp4_moe_refit",
-                              "vllm.lora_from_tensors", "vllm.mxfp8_refit"), VERIFIED)
+    expected = dict.fromkeys((MARLIN, PATCH, CT_NVFP4, CT_NVFP4_MOE, "vllm.serve_signals_main_thread",
+                              "vllm.mxfp4_moe_refit", "vllm.lora_from_tensors", "vllm.mxfp8_refit"), VERIFIED)
     # vLLM 0.24's PyPI wheel without CUDA resolves no platform at import; its NVFP4 MoE oracle then
     # finds no backend and the MoE check says it cannot run here (in-process, with the harness, it runs).
     moe = verdicts.pop("vllm.moe_expert_weight_loaders")[0]
@@ -146,5 +146,26 @@ def test_compressed_tensors_nvfp4_refit_check_fails_with_upstreams_layer_methods
         (verdict,) = run([CT_NVFP4], device="cpu")[0]
     assert verdict.verdict == FAILED
     assert "refit with a second checkpoint of vLLM's compressed-tensors NVFP4 linear layers: expected the layers " \
+        "take the new weights, found RefitError" in verdict.message, verdict.message
+    assert "processed before patchkit recorded it" in verdict.message, verdict.message
+
+
+# --- vllm.compressed_tensors_nvfp4_moe_refit ---
+
+CT_NVFP4_MOE = "vllm.compressed_tensors_nvfp4_moe_refit"
+
+
+def test_compressed_tensors_nvfp4_moe_refit_check_is_verified():
+    with patchkit.applied(CT_NVFP4_MOE):
+        (verdict,) = run([CT_NVFP4_MOE], device="cpu")[0]
+    assert verdict.verdict == VERIFIED, verdict.message
+
+
+@pytest.mark.breaks("vllm.compressed_tensors_nvfp4_moe_refit")
+def test_compressed_tensors_nvfp4_moe_refit_check_fails_with_upstreams_moe_method():
+    with patchkit.applied(CT_NVFP4_MOE), upstream_behaviour(CT_NVFP4_MOE):
+        (verdict,) = run([CT_NVFP4_MOE], device="cpu")[0]
+    assert verdict.verdict == FAILED
+    assert "refit with a second checkpoint of vLLM's compressed-tensors NVFP4 moe layers: expected the layers " \
         "take the new weights, found RefitError" in verdict.message, verdict.message
     assert "processed before patchkit recorded it" in verdict.message, verdict.message

@@ -23,7 +23,8 @@ from nvfp4_helpers import (
     natively_loaded,
     process_weights_after_loading,
 )
-from patchkit.patches.vllm.refit import RefitError, refit, refit_weights
+from patchkit.patches.vllm.refit import RefitError, refit_weights
+from refit_driver import dropped, halved, pointers, refit_alternately, retyped
 
 KINDS = {
     "linear": (Fp8Linears, linear_checkpoint),
@@ -62,35 +63,14 @@ def test_refits_equal_vllms_first_load_in_the_same_kernel_tensors(
     fp8_refit_patch: None, vllm_config: object, kind: str, block: bool, start: str
 ) -> None:
     model = started(kind, block, start, vllm_config)
-    ptrs = {name: ptr for name, (ptr, _) in kernel_state(model).items()}
-    checkpoints = [KINDS[kind][1](block, seed=seed) for seed in (1, 2)]
-    for step in range(4):
-        checkpoint = checkpoints[step % 2]
-        if step % 2:
-            refit_weights(model, items(checkpoint))
-        else:
-            with refit(model):
-                model.load_weights(items(checkpoint))
-        assert_same_as_first_load(model, first_load(kind, block, checkpoint))
-        assert {name: ptr for name, (ptr, _) in kernel_state(model).items()} == ptrs
+    refit_alternately(model, [KINDS[kind][1](block, seed=seed) for seed in (1, 2)], 4,
+                      lambda checkpoint: assert_same_as_first_load(model, first_load(kind, block, checkpoint)),
+                      pointers)
 
 
-def _wrong_shape(checkpoint: dict[str, torch.Tensor]) -> str:
-    name = next(n for n in reversed(checkpoint) if n.endswith(".weight"))
-    checkpoint[name] = checkpoint[name][:, : checkpoint[name].shape[1] // 2].contiguous()
-    return name
-
-
-def _wrong_dtype(checkpoint: dict[str, torch.Tensor]) -> str:
-    name = next(n for n in reversed(checkpoint) if n.endswith(".weight"))
-    checkpoint[name] = checkpoint[name].to(torch.bfloat16)
-    return name
-
-
-def _missing_scale(checkpoint: dict[str, torch.Tensor]) -> str:
-    name = next(n for n in reversed(checkpoint) if "scale" in n and "input" not in n)
-    del checkpoint[name]
-    return name
+_wrong_shape = halved(".weight", dim=1)
+_wrong_dtype = retyped(".weight", torch.bfloat16)
+_missing_scale = dropped(lambda name: "scale" in name and "input" not in name)
 
 
 @pytest.mark.parametrize(("kind", "block"), CASES)

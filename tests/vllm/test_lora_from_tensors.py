@@ -8,7 +8,7 @@ the tensor, and the manager's adapters stay as they were. Without the patch, vLL
 finds no adapter: the test pinning that fails on the release that loads tensors itself (declare it native).
 
 The manager is vLLM's ``LRUCacheWorkerLoRAManager`` over a tiny model of vLLM's linear layers
-(``patchkit.patches.vllm._checks._tiny_lora``, shared with the self-check).
+(``patchkit.patches.vllm.lora._checks._tiny_lora``, shared with the self-check).
 """
 
 from __future__ import annotations
@@ -20,7 +20,13 @@ from typing import Any
 import pytest
 import torch
 from patchkit.patches.vllm._checks._cpu_stand_in import vllm_context
-from patchkit.patches.vllm._checks._tiny_lora import (
+from patchkit.patches.vllm.lora import (
+    LoRAFromTensorsUnavailableError,
+    LoRATensorsError,
+    TensorLoRARequest,
+    add_lora_from_tensors,
+)
+from patchkit.patches.vllm.lora._checks._tiny_lora import (
     LAYER,
     LORA_DTYPE,
     MAX_RANK,
@@ -32,12 +38,6 @@ from patchkit.patches.vllm._checks._tiny_lora import (
     peft_folder,
     unpinned_without_cuda,
     worker_lora_manager,
-)
-from patchkit.patches.vllm.lora import (
-    LoRAFromTensorsUnavailableError,
-    LoRATensorsError,
-    TensorLoRARequest,
-    add_lora_from_tensors,
 )
 
 import patchkit

@@ -3,7 +3,7 @@
 The layer is vLLM's, with ``GptOssMxfp4Config`` or ``Mxfp4Config`` on vLLM's MARLIN backend:
 ``create_weights``, the weight loaders and ``process_weights_after_loading`` (Marlin repack and scale
 permutation) are upstream's; on CPU, Marlin's device check and its CUDA repack op are stood in
-(``patchkit.patches.vllm._checks._mxfp4_moe.marlin_backend``, read it for exactly what). The proof for
+(``patchkit.patches.vllm.refit._checks._mxfp4_moe.marlin_backend``, read it for exactly what). The proof for
 every case is vLLM's own first load of the same checkpoint into a fresh model: after each refit every
 kernel tensor equals that model's bit for bit, and keeps its object and storage.
 
@@ -25,7 +25,8 @@ from nvfp4_helpers import (
     native_reload,
     natively_loaded,
 )
-from patchkit.patches.vllm._checks._mxfp4_moe import (
+from patchkit.patches.vllm.refit import RefitError, UnsupportedQuantizationError, refit_weights
+from patchkit.patches.vllm.refit._checks._mxfp4_moe import (
     GPT_OSS_HIDDEN,
     GPT_OSS_INTERMEDIATE,
     HIDDEN,
@@ -39,7 +40,7 @@ from patchkit.patches.vllm._checks._mxfp4_moe import (
     kernel_bytes,
     marlin_backend,
 )
-from patchkit.patches.vllm.refit import RefitError, UnsupportedQuantizationError, refit, refit_weights
+from refit_driver import dropped, halved, refit_alternately, retyped
 
 import patchkit
 
@@ -102,35 +103,13 @@ def test_refits_equal_vllms_first_load_in_the_same_kernel_tensors(
     model = started(kind, start, vllm_config, sizes)
     assert model.routed.quant_method.mxfp4_backend.name == "MARLIN"
     assert model.routed.w13_weight.dtype == torch.int32  # Marlin tiles, not the checkpoint's bytes
-    before = identities(model)
-    checkpoints = [checkpoint(kind, seed, *sizes) for seed in (1, 2)]
-    for step in range(4):
-        weights = checkpoints[step % 2]
-        if step % 2:
-            refit_weights(model, items(weights))
-        else:
-            with refit(model):
-                model.load_weights(items(weights))
-        assert_same_as_first_load(model, weights)
-        assert identities(model) == before
+    refit_alternately(model, [checkpoint(kind, seed, *sizes) for seed in (1, 2)], 4,
+                      lambda weights: assert_same_as_first_load(model, weights), identities)
 
 
-def _wrong_shape(weights: dict[str, torch.Tensor]) -> str:
-    name = next(n for n in reversed(weights) if n.endswith("weight"))
-    weights[name] = weights[name][..., : weights[name].shape[-1] // 2].contiguous()
-    return name
-
-
-def _wrong_dtype(weights: dict[str, torch.Tensor]) -> str:
-    name = next(n for n in reversed(weights) if n.endswith("weight"))
-    weights[name] = weights[name].to(torch.bfloat16)
-    return name
-
-
-def _missing_scale(weights: dict[str, torch.Tensor]) -> str:
-    name = next(n for n in reversed(weights) if n.endswith("weight_scale"))
-    del weights[name]
-    return name
+_wrong_shape = halved("weight", dim=-1)
+_wrong_dtype = retyped("weight", torch.bfloat16)
+_missing_scale = dropped("weight_scale")
 
 
 @pytest.mark.parametrize("sizes", list(SIZES.values()), ids=list(SIZES))
@@ -259,7 +238,6 @@ def test_a_layer_on_another_backend_is_refused_by_name_and_changes_nothing(
 
 def _natively_loaded(kind: str) -> Mxfp4Moe:
     return natively_loaded(Mxfp4Moe(kind), checkpoint(kind, seed=1))  # type: ignore[return-value]
-
 
 
 @pytest.mark.parametrize("kind", mxfp4_kinds())

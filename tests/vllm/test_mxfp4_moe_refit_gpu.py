@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 import pytest
 from gpu_kernels import GPU, experts_forward, installed, quant_method_in_use, refits_under_a_captured_graph
-from patchkit.patches.vllm._checks._mxfp4_moe import (
+from patchkit.patches.vllm.refit._checks._mxfp4_moe import (
     EXPERTS,
     GPT_OSS_HIDDEN,
     GPT_OSS_INTERMEDIATE,

@@ -3,7 +3,7 @@
 The layers are vLLM's, with ``ModelOptMxFp8Config``: ``create_weights``, the weight loaders and
 ``process_weights_after_loading`` are upstream's, on vLLM's emulation kernels (the linear kernel
 dequantises to bf16 at load; so does the MoE EMULATION backend). On CPU only the backend selection is
-stood in (``patchkit.patches.vllm._checks._mxfp8.emulation_backends``: the emulation linear kernel listed
+stood in (``patchkit.patches.vllm.refit._checks._mxfp8.emulation_backends``: the emulation linear kernel listed
 for the CPU platform; on 0.24 the MoE oracle's EMULATION answer where it finds none). The proof for every
 case is vLLM's own first load of the same checkpoint into a fresh model: after each refit every kernel
 tensor equals that model's bit for bit, and keeps its object and storage.
@@ -26,18 +26,18 @@ from nvfp4_helpers import (
     natively_loaded,
     process_weights_after_loading,
 )
-from patchkit.patches.vllm._checks._mxfp8 import (
+from patchkit.patches.vllm.refit import RefitError, refit_weights
+from patchkit.patches.vllm.refit._checks._mxfp8 import (
     MODELS,
     checkpoint,
-    differing,
     emulation_backends,
     first_load,
     has_linear_method,
-    identities,
     items,
-    kernel_bytes,
 )
-from patchkit.patches.vllm.refit import RefitError, refit, refit_weights
+from patchkit.patches.vllm.refit._checks._round_trip import differing, kernel_bytes
+from patchkit.patches.vllm.refit._checks._round_trip import kernel_identities as identities
+from refit_driver import dropped, first_byte_set, halved, refit_alternately, retyped
 
 import patchkit
 
@@ -89,68 +89,29 @@ def test_refits_equal_vllms_first_load_in_the_same_kernel_tensors(
         assert model.routed.w13_weight.dtype == torch.bfloat16  # EMULATION dequantised it at load
     else:
         assert method_names(model) == {"ModelOptMxFp8LinearMethod" if has_linear_method() else "ModelOptLinearMethod"}
-    before = identities(model)
-    checkpoints = [checkpoint(kind, seed=seed) for seed in (1, 2)]
-    for step in range(4):
-        weights = checkpoints[step % 2]
-        if step % 2:
-            refit_weights(model, items(weights))
-        else:
-            with refit(model):
-                model.load_weights(items(weights))
-        assert_same_as_first_load(model, kind, weights)
-        assert identities(model) == before
+    refit_alternately(model, [checkpoint(kind, seed=seed) for seed in (1, 2)], 4,
+                      lambda weights: assert_same_as_first_load(model, kind, weights), identities)
 
 
-def _wrong_shape(weights: dict[str, torch.Tensor]) -> str:
-    name = next(n for n in reversed(weights) if n.endswith(".weight"))
-    weights[name] = weights[name][:, : weights[name].shape[1] // 2].contiguous()
-    return name
+_wrong_shape = halved(".weight", dim=1)
+_wrong_dtype = retyped(".weight", torch.bfloat16)
+_wrong_scale_dtype = retyped(".weight_scale", torch.float32)
+_nan_weight = first_byte_set(".weight", 0x7F)  # E4M3FN NaN
+_nan_scale = first_byte_set(".weight_scale", 0xFF)  # E8M0 NaN
+_missing_scale = dropped(".weight_scale")
 
 
-def _wrong_dtype(weights: dict[str, torch.Tensor]) -> str:
-    name = next(n for n in reversed(weights) if n.endswith(".weight"))
-    weights[name] = weights[name].to(torch.bfloat16)
-    return name
-
-
-def _wrong_scale_dtype(weights: dict[str, torch.Tensor]) -> str:
-    name = next(n for n in reversed(weights) if n.endswith(".weight_scale"))
-    weights[name] = weights[name].to(torch.float32)
-    return name
-
-
-def _nan_weight(weights: dict[str, torch.Tensor]) -> str:
-    name = next(n for n in reversed(weights) if n.endswith(".weight"))
-    weights[name].view(torch.uint8)[0, 0] = 0x7F  # E4M3FN NaN
-    return name
-
-
-def _nan_scale(weights: dict[str, torch.Tensor]) -> str:
-    name = next(n for n in reversed(weights) if n.endswith(".weight_scale"))
-    weights[name][0, 0] = 0xFF  # E8M0 NaN
-    return name
-
-
-def _missing_scale(weights: dict[str, torch.Tensor]) -> str:
-    name = next(n for n in reversed(weights) if n.endswith(".weight_scale"))
-    del weights[name]
-    return name
-
-
-SPOILS = [_wrong_shape, _wrong_dtype, _wrong_scale_dtype, _nan_weight, _nan_scale, _missing_scale]
+SPOILS = {"wrong-shape": _wrong_shape, "wrong-dtype": _wrong_dtype, "wrong-scale-dtype": _wrong_scale_dtype,
+          "nan-weight": _nan_weight, "nan-scale": _nan_scale, "missing-scale": _missing_scale}
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("spoil", SPOILS, ids=lambda f: f.__name__.strip("_").replace("_", "-"))
+@pytest.mark.parametrize("spoil", list(SPOILS.values()), ids=list(SPOILS))
 @pytest.mark.parametrize("start", ["load", "dummy"])
 def test_a_bad_tensor_raises_a_refit_error_naming_it_and_changes_nothing(
     mxfp8_refit_patch: None, vllm_config: object, kind: str, start: str,
     spoil: Callable[[dict[str, torch.Tensor]], str],
 ) -> None:
-    if kind == "linear" and not has_linear_method() and spoil in (_nan_weight, _nan_scale):
-        pytest.skip("vLLM 0.30+: MXFP8 linear layers are vllm.nvfp4_refit's (ModelOptLinearMethod), which "
-                    "does not check values")
     model = started(kind, start, vllm_config)
     before = kernel_state(model)
     bad = checkpoint(kind, seed=3)
@@ -276,11 +237,11 @@ def test_recording_alone_is_refused_at_the_moe_layers_second_processing(
     """Why the patch clears upstream's once-only flag for a refit: left set, the refit's processing leaves
     the staged E4M3 tensors unconverted (refused here for their dtype; where a backend keeps the checkpoint's
     dtype they would be copied raw)."""
-    from patchkit.patches.vllm import _mxfp8_refit_record
+    from patchkit.patches.vllm.refit import _mxfp8_targets
 
     model = started("moe", "load", vllm_config)
     before = kernel_state(model)
-    monkeypatch.setattr(_mxfp8_refit_record, "ALREADY_PROCESSED_ATTR", "_patchkit_test_no_such_flag")
+    monkeypatch.setattr(_mxfp8_targets, "ALREADY_PROCESSED_ATTR", "_patchkit_test_no_such_flag")
     with pytest.raises(RefitError, match=r"'w13_weight' is .*bfloat16 but processing produced .*float8_e4m3fn"):
         refit_weights(model, items(checkpoint("moe", seed=1)))
     assert_same_kernel_state(model, before)

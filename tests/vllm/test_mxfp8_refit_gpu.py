@@ -24,7 +24,7 @@ from gpu_kernels import (
     quant_method_in_use,
     refits_under_a_captured_graph,
 )
-from patchkit.patches.vllm._checks._mxfp8 import EXPERTS, MODELS, checkpoint, has_linear_method
+from patchkit.patches.vllm.refit._checks._mxfp8 import EXPERTS, MODELS, checkpoint, has_linear_method
 
 pytestmark = GPU
 logger = logging.getLogger(__name__)

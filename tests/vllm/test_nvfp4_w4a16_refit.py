@@ -190,7 +190,7 @@ def test_marlin_w4a16_option_serves_an_nvfp4_checkpoint_as_w4a16(
 def test_marlin_w4a16_option_is_suspended_where_layers_must_follow_the_checkpoint(
     cpu_marlin_layout: None, vllm_config: object
 ) -> None:
-    from patchkit.patches.vllm._nvfp4_marlin_w4a16_impl import as_checkpoint_says
+    from patchkit.patches.vllm._nvfp4_marlin_w4a16 import as_checkpoint_says
 
     import patchkit
 

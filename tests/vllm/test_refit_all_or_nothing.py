@@ -24,8 +24,6 @@ import torch
 from moe_helpers import MoEModel
 from moe_helpers import checkpoint as moe_checkpoint
 from nvfp4_helpers import assert_same_kernel_state, bits, items, kernel_state, linear_checkpoint
-from patchkit.patches.vllm import _refit_impl, _refit_plain, _refit_writes
-from patchkit.patches.vllm._refit_loaders import set_loader
 from patchkit.patches.vllm.refit import (
     RefitDeviceError,
     RefitError,
@@ -34,6 +32,10 @@ from patchkit.patches.vllm.refit import (
     refit,
     refit_weights,
 )
+from patchkit.patches.vllm.refit import _impl as _refit_impl
+from patchkit.patches.vllm.refit import _plain as _refit_plain
+from patchkit.patches.vllm.refit import _writes as _refit_writes
+from patchkit.patches.vllm.refit._loaders import set_loader
 
 VOCAB, HIDDEN, INNER = 96, 64, 32
 
@@ -91,10 +93,11 @@ A, B = checkpoint(1), checkpoint(2)
 
 
 def process_nvfp4(model: torch.nn.Module) -> None:
-    from patchkit.patches.vllm._nvfp4_targets import nvfp4_method_classes
+    from patchkit.patches.vllm.refit._formats import format_of
 
     for module in model.modules():
-        if isinstance(getattr(module, "quant_method", None), nvfp4_method_classes()):
+        fmt = format_of(getattr(module, "quant_method", None), module)
+        if fmt is not None and fmt.patch_id == "vllm.nvfp4_refit":
             module.quant_method.process_weights_after_loading(module)
 
 

@@ -19,7 +19,8 @@ import pytest
 import test_refit_all_or_nothing
 import torch
 from nvfp4_helpers import assert_same_kernel_state, items, kernel_state
-from patchkit.patches.vllm import _refit_impl, _refit_writes
+from patchkit.patches.vllm.refit import _impl as _refit_impl
+from patchkit.patches.vllm.refit import _writes as _refit_writes
 from patchkit.patches.vllm.refit import refit, refit_weights
 from test_kv_scale_refit import assert_linear_serves, kv_scales, linear, loaded_model, scales
 from test_refit_all_or_nothing import B, assert_serves_as_a_clean_refit

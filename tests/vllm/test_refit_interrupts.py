@@ -22,7 +22,9 @@ from typing import Any
 import pytest
 import torch
 from nvfp4_helpers import bits, items, kernel_state
-from patchkit.patches.vllm import _refit_impl, _refit_plain, _refit_writes
+from patchkit.patches.vllm.refit import _impl as _refit_impl
+from patchkit.patches.vllm.refit import _plain as _refit_plain
+from patchkit.patches.vllm.refit import _writes as _refit_writes
 from patchkit.patches.vllm.refit import abort_refit, finish_refit, prepare_refit, refit, refit_weights
 from test_refit_all_or_nothing import A, B, dummy_started
 

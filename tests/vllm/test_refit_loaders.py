@@ -1,7 +1,7 @@
-"""The refit's write counter (``_refit_writes``) and loader wrapper (``_refit_loaders``), on plain tensors.
+"""The refit's write counter (``refit._writes``) and loader wrapper (``refit._loaders``), on plain tensors.
 
 The counter wraps ``torch.Tensor``'s in-place writes while a refit holds it (cheaper than the
-function and dispatch modes it replaced, see ``_refit_writes``): it must see every in-place write a
+function and dispatch modes it replaced, see ``refit._writes``): it must see every in-place write a
 vLLM loader makes, once, in its own thread only, and leave ``torch.Tensor`` as it was.
 """
 
@@ -11,10 +11,10 @@ import threading
 
 import pytest
 import torch
-from patchkit.patches.vllm import _refit_writes
-from patchkit.patches.vllm._refit_loaders import counting_loader, get_loader, set_loader
-from patchkit.patches.vllm._refit_state import LoadLog
-from patchkit.patches.vllm._refit_writes import WriteCounter
+from patchkit.patches.vllm.refit import _writes as _refit_writes
+from patchkit.patches.vllm.refit._loaders import counting_loader, get_loader, set_loader
+from patchkit.patches.vllm.refit._state import LoadLog
+from patchkit.patches.vllm.refit._writes import WriteCounter
 
 
 @pytest.mark.parametrize(("write", "elements"), [

@@ -1,7 +1,7 @@
 """Signals beyond SIGINT/SIGTERM during a refit: any Python handler may raise, so each is held (real vLLM, CPU).
 
 A framework's SIGHUP ("reload") or SIGUSR1 ("dump and stop") handler that raises used to run in the
-middle of the commit: the commit was broken off (and, since ``_refit_commit``, undone), so the refit
+middle of the commit: the commit was broken off (and, since ``refit._commit``, undone), so the refit
 the caller asked for was lost although nothing was wrong with it. Held like SIGINT, the signal
 reaches its handler after the last copy: the model serves the new weights in full, then the
 handler's exception reaches the caller.
@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 import test_refit_all_or_nothing
 from nvfp4_helpers import items
-from patchkit.patches.vllm import _refit_impl, _refit_writes
+from patchkit.patches.vllm.refit import _impl as _refit_impl
+from patchkit.patches.vllm.refit import _writes as _refit_writes
 from patchkit.patches.vllm.refit import refit_weights
 from test_refit_all_or_nothing import B, assert_serves_as_a_clean_refit
 

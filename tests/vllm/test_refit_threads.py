@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 
 import torch
 from nvfp4_helpers import bits, items, kernel_state
-from patchkit.patches.vllm import _refit_writes
 from patchkit.patches.vllm.refit import RefitInProgressError, abort_refit, prepare_refit, refit_weights
+from patchkit.patches.vllm.refit import _writes as _refit_writes
 from test_refit_all_or_nothing import A, B, dummy_started
 from test_refit_interrupts import assert_nothing_left, reference
 
