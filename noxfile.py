@@ -50,8 +50,9 @@ DEFAULT_PYTHON = "3.11"
 #: The canary (`nox -s canary`) sets this: install the newest releases, ignoring constraints/.
 UNPINNED = os.environ.get("PATCHKIT_UNPINNED") == "1"
 CONSTRAINTS = ROOT / "constraints"
-#: The most pytest-xdist workers a test session starts unless PATCHKIT_TEST_WORKERS says otherwise.
+#: The most pytest-xdist workers a test session starts unless WORKERS_VARIABLE says otherwise.
 MAX_TEST_WORKERS = 4
+WORKERS_VARIABLE = "PYTEST_XDIST_AUTO_NUM_WORKERS"
 
 #: The main job's upstreams: what a Megatron + ModelOpt + Megatron-Bridge trainer has installed today
 #: (Python 3.12), as the export-bridge-0.6 environment of compat_matrix.yaml installs them. Bridge goes
@@ -130,14 +131,18 @@ def _install(session: nox.Session, uninstall: list[str] = ()) -> None:
 
 
 def _test_workers() -> int:
-    """How many pytest-xdist workers a test session starts: PATCHKIT_TEST_WORKERS, else one per usable core.
+    """How many pytest-xdist workers a test session starts: one per usable core, at most MAX_TEST_WORKERS.
 
     At most MAX_TEST_WORKERS by default: every worker imports torch and its upstream (1-3 GB each).
+    pytest-xdist's own ``PYTEST_XDIST_AUTO_NUM_WORKERS`` sets the number instead. Not a ``PATCHKIT_*``
+    name: patchkit reads every variable of its prefix as a setting, and doctor reports an unknown one.
     """
-    configured = os.environ.get("PATCHKIT_TEST_WORKERS")
-    if configured:
-        return int(configured)
-    return max(1, min(len(os.sched_getaffinity(0)), MAX_TEST_WORKERS))
+    configured = os.environ.get(WORKERS_VARIABLE, "").strip()
+    if not configured:
+        return max(1, min(len(os.sched_getaffinity(0)), MAX_TEST_WORKERS))
+    if not configured.isdigit():
+        raise SystemExit(f"{WORKERS_VARIABLE}={configured!r}: expected a number of test workers (0 for one process)")
+    return int(configured)
 
 
 def _tests_session(name: str, env: dict):
