@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Iterable, Iterator, Mapping, Sequence
 
+from .._version import DISTRIBUTION_NAME
 from ..runtime import distinfo, pep440
 from ..runtime.status import PatchStatus, State
 
@@ -68,7 +69,7 @@ def header(versions: Mapping[str, str | None], tool: str, width: int = 100) -> l
 
     torch = versions.get("torch")
     cuda = versions.get("cuda")
-    parts = [f"patchkit {patchkit.__version__}", f"Python {versions.get('python')}",
+    parts = [f"{DISTRIBUTION_NAME} {patchkit.__version__}", f"Python {versions.get('python')}",
              f"torch {torch} ({f'CUDA {cuda}' if cuda else 'no CUDA'})" if torch else f"torch {NOT_INSTALLED}"]
     parts += [f"{dist} {version or NOT_INSTALLED}" for dist, version in versions.items()
               if dist not in ("python", "torch", "cuda")]

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+import patchkit
 from patchkit.cli import build_parser
 
 WIDTH = 100
@@ -141,6 +142,7 @@ def test_the_status_header_names_python_torch_and_every_upstream():
     done = patchkit_command("status", "--no-import")
     assert done.returncode == 0, done.stderr
     head = " ".join(done.stdout.split("PATCH ")[0].split())
+    assert f"patchkit-rl {patchkit.__version__}," in head  # the name users install, not the import package's
     assert f"Python {sys.version.split()[0]}" in head and "torch" in head
     for upstream in ("megatron-core", "megatron-bridge", "nvidia-modelopt", "vllm"):
         assert upstream in head
