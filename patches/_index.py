@@ -14,7 +14,7 @@ FOLDERS = {
     'megatron.dist_checkpointing': ('dist_ckpt_async_queue_reset.py', 'dist_ckpt_blocking_d2h.py', 'dist_ckpt_partial_load.py', 'dist_ckpt_safe_load.py'),
     'megatron.gpt': ('output_processor.py',),
     'megatron.memory': ('tms_hook_mode.py',),
-    'megatron.moe': ('moe_recompute_release.py', 'swiglu_singleton_local_shards.py'),
+    'megatron.moe': ('moe_expert_load_metrics.py', 'moe_recompute_release.py', 'swiglu_singleton_local_shards.py'),
     'megatron.mtp': ('mtp_detach_inputs.py', 'mtp_postprocess.py', 'mtp_recompute.py', 'mtp_router_slots.py'),
     'megatron.parallel': ('tp_group_if_none_helper.py',),
     'megatron.rope': ('mla_thd_cp_rope.py',),
@@ -62,6 +62,9 @@ DECLARATIONS = {
     ),
     'megatron.memory.tms_hook_mode': (
         ('megatron.tms_hook_mode', False, (('megatron-core', 'megatron.core'), ('torch-memory-saver', None)), ('torch_memory_saver.entrypoint',), ('megatron-core', 'torch-memory-saver')),
+    ),
+    'megatron.moe.moe_expert_load_metrics': (
+        ('megatron.moe_expert_load_metrics', True, (('megatron-core', 'megatron.core'),), ('megatron.core.transformer.moe.router',), ('megatron-core',)),
     ),
     'megatron.moe.moe_recompute_release': (
         ('megatron.moe_recompute_release', False, (('megatron-core', 'megatron.core'),), ('megatron.core.transformer.moe.token_dispatcher',), ('megatron-core',)),

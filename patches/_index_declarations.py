@@ -137,6 +137,17 @@ DECLARATIONS = {
         (('megatron-core', 'megatron.core'),),
         '._checks.tms_hook_mode:check_tms_hook_mode',
     ),
+    'megatron.moe_expert_load_metrics': (
+        'megatron.moe_expert_load_metrics',
+        "MoE routers also log expert_distributed_std and max_token_per_expert (tokens per expert over the router's TP x CP group) in the MoE tracker, in the slot of their load-balancing loss, whenever they log that loss (aux_loss balancing with a non-zero coefficient).",
+        'The load-balancing loss alone does not show how many tokens the busiest expert gets, which decides capacity drops and all-to-all imbalance; ROLL logs both metrics by replacing TopKRouter._apply_aux_loss (mcore_adapter patch_apply_aux_loss), a copy that does not import on megatron-core 0.14-0.15.',
+        'https://github.com/NVIDIA/Megatron-LM/blob/core_r0.19.0/megatron/core/transformer/moe/router.py',
+        'Remove if upstream logs per-expert load statistics itself (not in 0.19.2 nor main d98e8a6).',
+        (((('megatron-core', '>=0.14,<0.20'),), (('Wrap', 'megatron.core.transformer.moe.router:TopKRouter._apply_aux_loss', '._moe_expert_load_metrics:wrap_apply_aux_loss'),), None, 'log-after-aux-loss'),),
+        True,
+        (('megatron-core', 'megatron.core'),),
+        '._checks.moe_expert_load_metrics:check_moe_expert_load_metrics',
+    ),
     'megatron.moe_recompute_release': (
         'megatron.moe_recompute_release',
         "MoE all-to-all and all-gather token dispatchers drop their routing probabilities once the tokens are combined, so under full recompute the recomputed graph (each checkpoint's input and its gradient) is freed with backward instead of at the next forward.",

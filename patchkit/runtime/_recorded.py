@@ -274,6 +274,28 @@ RECORDS = {
             )),
         ),
     },
+    'megatron.moe_expert_load_metrics': {
+        'log-after-aux-loss': (
+            ((('megatron-core', '0.14.0'),), 'verified', (
+                ('megatron.core.transformer.moe.router:TopKRouter._apply_aux_loss', 'd1d16422a6cd6b78'),
+            )),
+            ((('megatron-core', '0.15.3'),), 'verified', (
+                ('megatron.core.transformer.moe.router:TopKRouter._apply_aux_loss', 'd1d16422a6cd6b78'),
+            )),
+            ((('megatron-core', '0.16.1'),), 'verified', (
+                ('megatron.core.transformer.moe.router:TopKRouter._apply_aux_loss', '942356335296b2d2'),
+            )),
+            ((('megatron-core', '0.17.1'),), 'verified', (
+                ('megatron.core.transformer.moe.router:TopKRouter._apply_aux_loss', '942356335296b2d2'),
+            )),
+            ((('megatron-core', '0.18.2'),), 'verified', (
+                ('megatron.core.transformer.moe.router:TopKRouter._apply_aux_loss', '942356335296b2d2'),
+            )),
+            ((('megatron-core', '0.19.2'),), 'verified', (
+                ('megatron.core.transformer.moe.router:TopKRouter._apply_aux_loss', '942356335296b2d2'),
+            )),
+        ),
+    },
     'megatron.moe_recompute_release': {
         'release-after-combine': (
             ((('megatron-core', '0.14.0'),), 'verified', (

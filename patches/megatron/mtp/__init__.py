@@ -13,8 +13,9 @@ also holds a frozen reference model may want the behaviour on the policy only::
     mtp.enable(policy_chunks, with_labels="derive")  # MTP labels from input_ids ("skip": no MTP)
     with mtp.loss_scale(factor): model(...)        # this micro-batch's MTP loss times factor
 
-Both take a ``GPTModel``, anything wrapping one through ``.module`` (DDP, ``Float16Module``) or a
-list of model chunks, and return the ``GPTModel`` instances they changed. Process-wide, the default
+Both take a ``GPTModel``, anything wrapping one through ``.module`` (DDP, ``Float16Module``) or
+``.language_model`` (a vision-language model), or a list of model chunks, and return the
+``GPTModel`` instances they changed. Process-wide, the default
 output-head choice is ``PATCHKIT_MTP_OUTPUT_HEAD`` or :func:`configure`.
 
 The public names are imported from their private modules on first use (PEP 562), so importing this

@@ -28,19 +28,31 @@ _POSTPROCESS_PATCH = "megatron.mtp_postprocess"
 _DETACH_PATCH = "megatron.mtp_detach_inputs"
 
 
+def _unwrap_gpt(chunk: Any, gpt_class: type) -> Any:
+    """The ``GPTModel`` inside ``chunk``: through ``.module`` (DDP, ``Float16Module``) and, for a
+    vision-language model, its ``.language_model`` (as verl's MTP patch finds the model it patches)."""
+    inner = chunk
+    while not isinstance(inner, gpt_class):
+        if hasattr(inner, "module"):
+            inner = inner.module
+        elif hasattr(inner, "language_model") and inner.language_model is not None:
+            inner = inner.language_model
+        else:
+            break
+    return inner
+
+
 def _gpt_models(model: Any) -> list[Any]:
     from megatron.core.models.gpt.gpt_model import GPTModel
 
     chunks = list(model) if isinstance(model, (list, tuple)) else [model]
     found = []
     for chunk in chunks:
-        inner = chunk
-        while not isinstance(inner, GPTModel) and hasattr(inner, "module"):
-            inner = inner.module
+        inner = _unwrap_gpt(chunk, GPTModel)
         if not isinstance(inner, GPTModel):
             raise MTPModelError(
-                f"expected a megatron GPTModel (or a wrapper with .module, or a list of chunks); "
-                f"found {type(chunk).__name__} holding {type(inner).__name__}"
+                f"expected a megatron GPTModel (or a wrapper with .module or .language_model, or a list "
+                f"of chunks); found {type(chunk).__name__} holding {type(inner).__name__}"
             )
         found.append(inner)
     return found
@@ -82,6 +94,9 @@ def enable(
     detach_inputs: bool = False,
 ) -> list[Any]:
     """Give ``model`` (and only it) the MTP postprocess behaviour, with its own options.
+
+    ``model``: a ``GPTModel``, a wrapper holding one as ``.module`` (DDP, ``Float16Module``) or as
+    ``.language_model`` (a vision-language model), or a list of such chunks.
 
     ``output_head``: ``"detached"`` or ``"trained"``; ``without_labels``: ``"skip"`` or
     ``"derive"``; ``with_labels``: ``"attach"``, ``"derive"`` or ``"skip"`` (see ``mtp._options``);
