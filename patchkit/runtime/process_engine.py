@@ -96,6 +96,7 @@ def apply_all_from_index(
     opt_in: Sequence[str] | str | None = None,
     strict: bool | None = None,
     environ: Mapping[str, str] | None = None,
+    catalogues: Sequence[str] = (index.CATALOGUE_PACKAGE,),
 ) -> list[PatchStatus] | None:
     """``apply_all()`` in a process whose engine is not built, settled from the catalogue's index
     alone (see the module doc); None if this call needs the engine (the caller then asks it).
@@ -103,6 +104,8 @@ def apply_all_from_index(
     Taken only where it decides exactly what the engine would: no explicit argument, the catalogue's
     index current, every ``PATCHKIT_*`` variable readable and none asking for strict mode or a log
     level, and every patch switched off, not installed, or waiting for modules not imported yet.
+    ``catalogues``: the catalogue packages whose indexes are read (the shipped one; the start-up
+    benchmark adds one it generates, whose patches the engine, built later, does not know).
     """
     global _settled, _settled_with
     if _engine is not None or any(given is not None for given in (enable, disable, force, opt_in, strict)):
@@ -110,10 +113,12 @@ def apply_all_from_index(
     with _engine_lock:
         if _engine is not None:
             return None
-        catalogue_index = index.current(index.CATALOGUE_PACKAGE)
-        if catalogue_index is None:
-            return None  # no index, another format, or stale: the engine reads the declarations and says so
-        records = [record for patches in catalogue_index.DECLARATIONS.values() for record in patches]
+        records = []
+        for package in catalogues:
+            catalogue_index = index.current(package)
+            if catalogue_index is None:
+                return None  # no index, another format, or stale: the engine reads the declarations and says so
+            records += [record for patches in catalogue_index.DECLARATIONS.values() for record in patches]
         ids = [record[0] for record in records]
         if len(set(ids)) != len(ids):
             return None  # an id declared twice: the engine refuses it
