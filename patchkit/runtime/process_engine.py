@@ -146,13 +146,15 @@ def apply_all_from_index(
             outcome[patch_id] = settled
             if settled.reason is Reason.NOT_INSTALLED:
                 logger.debug("patchkit: %s skipped: %s", patch_id, settled.detail)
-        _settled, _settled_with = dict(sorted(outcome.items())), chosen
+        # Sorted by id, as the engine keeps them (keys alone: no pair is made per patch).
+        _settled, _settled_with = {patch_id: outcome[patch_id] for patch_id in sorted(outcome)}, chosen
         import_watch.listen(_WATCH)  # under the lock: an engine built from now on takes over, and forgets it
+        settled_now = _settled
     # The lock released first: a hook armed for a module imported meanwhile runs at once, and builds the engine.
-    for module in dict.fromkeys(module for settled in outcome.values() for module in settled.waiting_for):
+    for module in dict.fromkeys(module for settled in settled_now.values() for module in settled.waiting_for):
         import_watch.watch(module)
-    return [PatchStatus(patch_id, settled.state, settled.reason, settled.detail, versions=dict(settled.versions),
-                        waiting_for=settled.waiting_for) for patch_id, settled in sorted(outcome.items())]
+    return [PatchStatus(patch_id, settled.state, settled.reason, settled.detail, None, dict(settled.versions), None,
+                        (), settled.waiting_for) for patch_id, settled in settled_now.items()]
 
 
 def register_extra_patches(environ: Mapping[str, str] | None = None) -> tuple[tuple[str, ...], list[str]]:

@@ -66,7 +66,7 @@ def from_index(distributions: tuple[tuple[str, str | None], ...], modules: tuple
     finished importing.
     """
     versions: dict[str, str | None] = {}
-    absent = []
+    absent: list[str] = []
     for dist, module in distributions:
         availability, raw = find(dist, module)
         if availability == MISSING:

@@ -50,8 +50,11 @@ LEFT_TO_THE_ENGINE = [{"PATCHKIT_DISABLE": ",,"}, {"PATCHKIT_DISABLED": "megatro
                       {"PATCHKIT_STRICT": "maybe"}]
 
 
-@pytest.mark.parametrize("env", SETTLED + LEFT_TO_THE_ENGINE, ids=lambda env: ",".join(f"{k}={v}" for k, v in env.items())
-                         or "no toggle")
+def _name(env: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in env.items()) or "no toggle"
+
+
+@pytest.mark.parametrize("env", SETTLED + LEFT_TO_THE_ENGINE, ids=_name)
 def test_the_first_apply_all_records_what_the_engine_records(env):
     first = _run("patchkit.apply_all()", env)
     engine = _run("patchkit.engine().apply_all()", env)
