@@ -61,7 +61,9 @@ def from_index(distributions: tuple[tuple[str, str | None], ...], modules: tuple
     of ``modules`` imported yet: pending, undecided, until one is. A patch whose every variant is
     native installs into no module: it waits for its upstream's import package instead. Anything
     else (a target module imported, no module to wait for, a version known only once imported, an
-    upstream installed in part that some variant may do without) is for the decision.
+    upstream installed in part that some variant may do without) is for the decision. Versions are
+    not parsed here: one that does not parse is reported by the decision once the upstream is
+    imported, like a version outside every range.
     ``find`` is :func:`.installed.find` (or a cache of it); ``imported`` says whether a module has
     finished importing.
     """
