@@ -4,12 +4,19 @@ The 100 declarations are generated into a temporary catalogue package (an upstre
 declaration modules and its index, written by the same generator as the shipped index), each a
 patch of an upstream that is installed but not imported (default: megatron-core), waiting for a
 module of its own. Each fresh interpreter times, in process, what ``apply_all()`` costs at start-up
-with the catalogue read from its index: reading the index(es), building the engine, deciding every
-patch. Both sides alternate process by process in one run (so machine load hits both alike); the
-figure is the difference of medians (CPU time of the process, far less disturbed by other work on a
-shared machine than wall time, which is printed beside it). Goal: at most +1 ms for the 100.
+with the catalogue read from its index: reading the index(es), settling every patch and arming the
+hooks (the start-up pass, ``process_engine.apply_all_from_index``; code older than it builds the
+engine and decides every patch, which is what its ``apply_all()`` did). Both sides alternate process
+by process in one run (so machine load hits both alike); the figure is the difference of medians
+(CPU time of the process, far less disturbed by other work on a shared machine than wall time,
+which is printed beside it). Goal: at most +1 ms for the 100.
+
+``--code LABEL=PATH`` (repeatable) runs the same measure for each copy of patchkit at ``PATH`` (put
+first on ``PYTHONPATH``; e.g. ``pip install --no-deps --target PATH`` of two revisions), all of them
+alternated in one run; without it, the patchkit this interpreter imports.
 
     python benchmarks/bench_startup_scaling.py [--runs 31] [--count 100] [--dist megatron-core --module megatron.core]
+                                               [--code before=DIR --code after=DIR]
 """
 
 from __future__ import annotations
@@ -47,17 +54,24 @@ TIMED = """
 import sys, time
 sys.path.insert(0, {root!r})
 import patchkit
-from patchkit.runtime import catalogue
-from patchkit.runtime.engine import Engine
+from patchkit.runtime import process_engine
 packages = {packages!r}
-cpu, wall = time.process_time(), time.perf_counter()
-patches, errors = [], []
-for package in packages:
-    found, failed = catalogue.load(package)
-    patches += found
-    errors += failed
-statuses = Engine(patches, errors).apply_all()
-cpu, wall = (time.process_time() - cpu) * 1000, (time.perf_counter() - wall) * 1000
+if hasattr(process_engine, "apply_all_from_index"):  # what the first patchkit.apply_all() of a process runs
+    cpu, wall = time.process_time(), time.perf_counter()
+    statuses = process_engine.apply_all_from_index(catalogues=packages)
+    cpu, wall = (time.process_time() - cpu) * 1000, (time.perf_counter() - wall) * 1000
+    assert statuses is not None, "the start-up pass did not settle every patch"
+else:  # code before the start-up pass: its apply_all() built the engine and decided every patch
+    from patchkit.runtime import catalogue
+    from patchkit.runtime.engine import Engine
+    cpu, wall = time.process_time(), time.perf_counter()
+    patches, errors = [], []
+    for package in packages:
+        found, failed = catalogue.load(package)
+        patches += found
+        errors += failed
+    statuses = Engine(patches, errors).apply_all()
+    cpu, wall = (time.process_time() - cpu) * 1000, (time.perf_counter() - wall) * 1000
 leaked = [m for m in sys.modules if m.startswith({package!r} + ".extra.")]
 assert not leaked, leaked
 print(f"{{cpu:.3f}} {{wall:.3f}} {{len(statuses)}} {{sum(s.state.value == 'pending' for s in statuses)}}")
@@ -66,7 +80,7 @@ print(f"{{cpu:.3f}} {{wall:.3f}} {{len(statuses)}} {{sum(s.state.value == 'pendi
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 
-def make_catalogue(root: Path, count: int, dist: str, module: str) -> None:
+def make_catalogue(root: Path, count: int, dist: str, module: str, path: str | None = None) -> None:
     """A catalogue package of ``count`` declarations in upstream folder ``extra``, and its index."""
     upstream = root / PACKAGE / "extra"
     upstream.mkdir(parents=True)
@@ -77,12 +91,20 @@ def make_catalogue(root: Path, count: int, dist: str, module: str) -> None:
         (upstream / f"patch_{n:03d}.py").write_text(DECLARATION.format(n=n, dist=dist, module=module))
     code = f"import sys; sys.path.insert(0, {str(root)!r}); from patchkit.matrix import catalogue_index; " \
            f"catalogue_index.write({PACKAGE!r})"
-    subprocess.run([sys.executable, "-c", code], check=True, env=ENV)
+    subprocess.run([sys.executable, "-c", code], check=True, env=_env(path), cwd=tempfile.gettempdir())
 
 
-def run(root: Path, packages: list[str]) -> tuple[float, float, int, int]:
+def _env(path: str | None) -> dict[str, str]:
+    """The benchmark's environment, with ``path`` (a copy of patchkit) first on ``PYTHONPATH``."""
+    if path is None:
+        return ENV
+    return {**ENV, "PYTHONPATH": os.pathsep.join(filter(None, [path, ENV.get("PYTHONPATH")]))}
+
+
+def run(root: Path, packages: list[str], path: str | None = None) -> tuple[float, float, int, int]:
     code = TIMED.format(root=str(root), packages=packages, package=PACKAGE)
-    out = subprocess.run([sys.executable, "-c", code], check=True, env=ENV, capture_output=True, text=True).stdout
+    out = subprocess.run([sys.executable, "-c", code], check=True, env=_env(path), capture_output=True, text=True,
+                         cwd=tempfile.gettempdir()).stdout
     cpu, wall, total, pending = out.split()
     return float(cpu), float(wall), int(total), int(pending)
 
@@ -93,7 +115,11 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=100)
     parser.add_argument("--dist", default="megatron-core", help="an installed distribution (default: %(default)s)")
     parser.add_argument("--module", default="megatron.core", help="its import package (default: %(default)s)")
+    parser.add_argument("--code", action="append", default=[], metavar="LABEL=PATH",
+                        help="a copy of patchkit to measure (first on PYTHONPATH); repeat to alternate several")
     args = parser.parse_args()
+    sides: list[tuple[str, str | None]] = [(label, path) for label, _, path in (c.partition("=") for c in args.code)]
+    sides = sides or [("", None)]
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -102,18 +128,26 @@ def main() -> None:
         sys.exit(f"{args.dist} is not installed here: the generated patches must be of an installed upstream")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        make_catalogue(root, args.count, args.dist, args.module)
+        make_catalogue(root, args.count, args.dist, args.module, sides[-1][1])
         real, plus = ["patchkit.patches"], ["patchkit.patches", PACKAGE]
-        run(root, plus)  # compile the bytecode once
-        alone, more = [], []
+        for _, path in sides:
+            run(root, plus, path)  # compile the bytecode once
+        results: dict[str, tuple[list, list]] = {name: ([], []) for name, _ in sides}
         for _ in range(args.runs):
-            alone.append(run(root, real))
-            more.append(run(root, plus))
+            for name, path in sides:
+                results[name][0].append(run(root, real, path))
+                results[name][1].append(run(root, plus, path))
+    sys.stdout.write(f"load average {os.getloadavg()[0]:.1f}\n")
+    for name, (alone, more) in results.items():
+        report(f"{name}: " if name else "", alone, more, args)
+
+
+def report(prefix: str, alone: list, more: list, args: argparse.Namespace) -> None:
     assert more[0][3] - alone[0][3] == args.count, "every generated patch should wait for its module"
     for label, i in (("cpu", 0), ("wall", 1)):
         a, m = [r[i] for r in alone], [r[i] for r in more]
         sys.stdout.write(
-            f"catalogue read from its index + Engine + apply_all(), {label}, {args.runs} alternated processes: "
+            f"{prefix}catalogue read from its index + apply_all(), {label}, {args.runs} alternated processes: "
             f"shipped catalogue ({alone[0][2]} patches) median {statistics.median(a):.2f} ms (min {min(a):.2f}); "
             f"plus {args.count} declarations of {args.dist} (installed, not imported) median "
             f"{statistics.median(m):.2f} ms (min {min(m):.2f}); "

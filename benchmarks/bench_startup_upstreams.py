@@ -12,7 +12,12 @@
    checking included, in fresh interpreters (each one run); first with an empty fingerprint cache
    (the first process on a machine), then with the cache the first run wrote. Goal: at most 10 ms.
 
-    python benchmarks/bench_startup_upstreams.py [--runs 21] [--no-in-process]
+``--code LABEL=PATH`` (repeatable) measures each copy of patchkit at ``PATH`` (put first on
+``PYTHONPATH``; e.g. ``pip install --no-deps --target PATH`` of two revisions), every copy alternated
+with the others and with ``python -c pass`` run by run; without it, the patchkit this interpreter
+imports. Children run from the temporary folder, so a checkout in the current folder is not imported.
+
+    python benchmarks/bench_startup_upstreams.py [--runs 21] [--no-in-process] [--code before=DIR --code after=DIR]
 """
 
 from __future__ import annotations
@@ -46,25 +51,39 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run_ms(code: str) -> tuple[float, float]:
+def _env(path: str | None, base: dict[str, str] = ENV) -> dict[str, str]:
+    if path is None:
+        return base
+    return {**base, "PYTHONPATH": os.pathsep.join(filter(None, [path, base.get("PYTHONPATH")]))}
+
+
+def run_ms(code: str, path: str | None = None) -> tuple[float, float]:
     cpu, start = _children_cpu(), time.perf_counter()
-    subprocess.run([sys.executable, "-c", code], check=True, env=ENV, stdout=subprocess.DEVNULL)
+    subprocess.run([sys.executable, "-c", code], check=True, env=_env(path), stdout=subprocess.DEVNULL,
+                   cwd=tempfile.gettempdir())
     return (time.perf_counter() - start) * 1000, (_children_cpu() - cpu) * 1000
 
 
-def whole_process(runs: int) -> None:
-    run_ms(PATCHKIT)
-    base, patched = [], []
+def whole_process(runs: int, sides: list[tuple[str, str | None]]) -> None:
+    for _, path in sides:
+        run_ms(PATCHKIT, path)
+    base: list[tuple[float, float]] = []
+    patched: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in sides}
     for _ in range(runs):
         base.append(run_ms("pass"))
-        patched.append(run_ms(PATCHKIT))
+        for name, path in sides:
+            patched[name].append(run_ms(PATCHKIT, path))
+    sys.stdout.write(f"load average {os.getloadavg()[0]:.1f}\n")
     for label, i in (("wall", 0), ("cpu", 1)):
-        bs, ps = [r[i] for r in base], [r[i] for r in patched]
-        b, p = statistics.median(bs), statistics.median(ps)
-        sys.stdout.write(f"whole process, {label}, {runs} alternated pairs: python -c pass median {b:.1f} ms "
-                         f"(min {min(bs):.1f}); import patchkit + apply_all() median {p:.1f} ms (min {min(ps):.1f}); "
-                         f"added {p - b:+.1f} ms median, {min(ps) - min(bs):+.1f} ms min to min ({p / b:.2f}x); "
-                         f"goal: at most +15 ms\n")
+        bs = [r[i] for r in base]
+        b = statistics.median(bs)
+        for name, runs_of_side in patched.items():
+            ps = [r[i] for r in runs_of_side]
+            p = statistics.median(ps)
+            sys.stdout.write(f"{name + ': ' if name else ''}whole process, {label}, {runs} alternated runs: "
+                             f"python -c pass median {b:.1f} ms (min {min(bs):.1f}); import patchkit + apply_all() "
+                             f"median {p:.1f} ms (min {min(ps):.1f}); added {p - b:+.1f} ms median, "
+                             f"{min(ps) - min(bs):+.1f} ms min to min ({p / b:.2f}x); goal: at most +15 ms\n")
 
 
 MODULES = """
@@ -77,37 +96,48 @@ print(len(added), sum(m.startswith("patchkit") for m in added), sum(m.startswith
 """
 
 
-def modules_loaded() -> None:
-    added, own, catalogue = subprocess.run([sys.executable, "-c", MODULES], check=True, env=ENV, capture_output=True,
-                                           text=True).stdout.split()
-    sys.stdout.write(f"start-up loads {added} modules: {own} of patchkit ({catalogue} of them the catalogue's), "
-                     f"{int(added) - int(own)} of the standard library\n")
+def modules_loaded(sides: list[tuple[str, str | None]]) -> None:
+    for name, path in sides:
+        added, own, catalogue = subprocess.run([sys.executable, "-c", MODULES], check=True, env=_env(path),
+                                               capture_output=True, text=True, cwd=tempfile.gettempdir()).stdout.split()
+        sys.stdout.write(f"{name + ': ' if name else ''}start-up loads {added} modules: {own} of patchkit ({catalogue} "
+                         f"of them the catalogue's), {int(added) - int(own)} of the standard library\n")
 
 
-def in_process(runs: int) -> None:
-    with tempfile.TemporaryDirectory() as cache:
-        env = {**ENV, "XDG_CACHE_HOME": cache}
+def in_process(runs: int, sides: list[tuple[str, str | None]]) -> None:
+    """Each side with a fingerprint cache of its own: one process with it empty, then ``runs`` with the
+    cache it wrote, the sides alternated process by process."""
+    with tempfile.TemporaryDirectory() as caches:
+        envs = {name: _env(path, {**ENV, "XDG_CACHE_HOME": os.path.join(caches, str(n))})
+                for n, (name, path) in enumerate(sides)}
         for label, n in (("empty fingerprint cache", 1), ("warm fingerprint cache", runs)):
-            times = []
+            times: dict[str, list[float]] = {name: [] for name, _ in sides}
+            applied: dict[str, str] = {}
             for _ in range(n):
-                out = subprocess.run([sys.executable, "-c", IN_PROCESS], check=True, env=env, capture_output=True,
-                                     text=True).stdout.split()
-                times.append(float(out[0]))
-            applied = out[1] if len(out) > 1 else ""
-            sys.stdout.write(f"in process, megatron-core imported, {label}: apply_all() median "
-                             f"{statistics.median(times):.1f} ms of {n} (min {min(times):.1f}, max {max(times):.1f}); "
-                             f"goal: at most 10 ms (warm cache); {applied}\n")
+                for name, _ in sides:
+                    out = subprocess.run([sys.executable, "-c", IN_PROCESS], check=True, env=envs[name],
+                                         capture_output=True, text=True, cwd=tempfile.gettempdir()).stdout.split()
+                    times[name].append(float(out[0]))
+                    applied[name] = out[1] if len(out) > 1 else ""
+            for name, found in times.items():
+                sys.stdout.write(f"{name + ': ' if name else ''}in process, megatron-core imported, {label}: "
+                                 f"apply_all() median {statistics.median(found):.1f} ms of {n} (min {min(found):.1f}, "
+                                 f"max {max(found):.1f}); goal: at most 10 ms (warm cache); {applied[name]}\n")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=21)
     parser.add_argument("--no-in-process", action="store_true", help="parts 1 and 2 only (3 imports torch per run)")
+    parser.add_argument("--code", action="append", default=[], metavar="LABEL=PATH",
+                        help="a copy of patchkit to measure (first on PYTHONPATH); repeat to alternate several")
     args = parser.parse_args()
-    whole_process(args.runs)
-    modules_loaded()
+    sides: list[tuple[str, str | None]] = [(label, path) for label, _, path in (c.partition("=") for c in args.code)]
+    sides = sides or [("", None)]
+    whole_process(args.runs, sides)
+    modules_loaded(sides)
     if not args.no_in_process:
-        in_process(args.runs)
+        in_process(args.runs, sides)
 
 
 if __name__ == "__main__":

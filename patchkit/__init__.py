@@ -1,19 +1,17 @@
 """patchkit: versioned, reversible patches for Megatron-Core, Megatron-Bridge, ModelOpt and vLLM.
 
 Call :func:`apply_all` once at process start. ``import patchkit`` imports no upstream, no torch, and
-not the patch catalogue: the catalogue is loaded by the first call that needs it.
+not the patch catalogue: the catalogue is loaded by the first call that needs it. The first
+``apply_all()`` of a process settles what it can from the catalogue's index alone and builds the
+engine only once something needs it (see :mod:`patchkit.runtime.process_engine`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ._version import __version__ as __version__
 from .runtime import logs, process_engine
-from .runtime.catalogue import Registered
-from .runtime.engine import Engine, first_time, warn
 from .runtime.errors import (
     ConfigError,
     DeclarationError,
@@ -32,12 +30,18 @@ from .runtime.errors import (
 from .runtime.settings import EXTRA_PATCHES
 from .runtime.status import PatchStatus, Reason, State
 
+TYPE_CHECKING = False  # `typing` is not imported at start-up
 if TYPE_CHECKING:
+    import contextlib
+    from typing import Any, Mapping, Sequence
+
     from .runtime import probing
+    from .runtime.catalogue import Registered
     from .runtime.declaration import Add, Call, Patch, Replace, Target, Variant, Wrap
+    from .runtime.engine import Engine
 
 #: Names served from their module on first use (PEP 562): a declaration module imports them, start-up
-#: does not (the catalogue's index is read as plain data).
+#: does not (the catalogue's index is read as plain data, and the engine is built when first needed).
 _DECLARATION_NAMES = frozenset({"Add", "Call", "Patch", "Replace", "Target", "Variant", "Wrap"})
 
 
@@ -46,6 +50,14 @@ def __getattr__(name: str) -> Any:
         from .runtime import declaration
 
         return getattr(declaration, name)
+    if name == "Engine":
+        from .runtime.engine import Engine as engine_class
+
+        return engine_class
+    if name == "Registered":
+        from .runtime.catalogue import Registered as record_class
+
+        return record_class
     if name == "probing":  # helpers for implementation modules, not for start-up
         from .runtime import probing as module
 
@@ -86,6 +98,10 @@ def apply_all(
     Declaration modules named in ``PATCHKIT_EXTRA_PATCHES`` are registered first.
     """
     register_extra_patches(environ)
+    settled = process_engine.apply_all_from_index(enable=enable, disable=disable, force=force, opt_in=opt_in,
+                                                  strict=strict, environ=environ)
+    if settled is not None:
+        return settled
     return engine().apply_all(enable=enable, disable=disable, force=force, opt_in=opt_in, strict=strict,
                               environ=environ)
 
@@ -101,6 +117,8 @@ def register_extra_patches(environ: Mapping[str, str] | None = None) -> None:
         problems = process_engine.register_extra_patches(environ)[1]
     except ConfigError:
         return
+    from .runtime.engine import first_time, warn  # only with something to say
+
     for problem in problems:
         if first_time(f"patchkit: {problem}"):  # once per process, however often the module is retried
             logs.get("patchkit").error("patchkit: %s", problem)

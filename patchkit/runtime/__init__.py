@@ -5,7 +5,9 @@ actions (:mod:`.installer`), the pure decision (:mod:`.decision`), the engine th
 through it (:mod:`.engine`; per-patch records :mod:`.entries`, carrying out installs :mod:`.jobs`,
 import dispatch :mod:`.import_watch` over :mod:`.hooks`, fork handling :mod:`.forking`), ``PATCHKIT_*``
 settings (:mod:`.settings`), config probing (:mod:`.probing`), status records (:mod:`.status`),
-finding declarations (:mod:`.catalogue`), typed errors (:mod:`.errors`) and the drift check
-(:mod:`.drift`, :mod:`.fingerprint`). Nothing here imports the tooling (``patchkit.matrix``, the CLI,
+finding declarations (:mod:`.catalogue`, from the index :mod:`.index`), what the index alone settles
+(:mod:`.settle`, which the first ``apply_all()`` of a process does without an engine:
+:mod:`.process_engine`), typed errors (:mod:`.errors`), record classes (:mod:`.records`) and the
+drift check (:mod:`.drift`, :mod:`.fingerprint`). Nothing here imports the tooling (``patchkit.matrix``, the CLI,
 ``patchkit.processes``), Megatron, vLLM or torch.
 """

@@ -28,30 +28,30 @@ from __future__ import annotations
 
 import importlib
 import os
-import re
-from types import ModuleType
-from typing import TYPE_CHECKING, Any, Iterable, NamedTuple
 
 from . import logs
 from .errors import DeclarationError
 
-if TYPE_CHECKING:  # made into objects when a patch needs its declaration, not at start-up
-    from .declaration import Patch
+# Re-exported: the tooling (patchkit.matrix.catalogue_index) names them here, beside what it scans.
+from .index import CATALOGUE_PACKAGE as CATALOGUE_PACKAGE
+from .index import DECLARATIONS_MODULE as DECLARATIONS_MODULE
+from .index import INDEX_FORMAT as INDEX_FORMAT
+from .index import INDEX_MODULE as INDEX_MODULE
+from .index import folders as folders
+from .index import load as load_index
+from .records import Record
+
+TYPE_CHECKING = False  # `typing` is not imported at start-up
+if TYPE_CHECKING:
+    from types import ModuleType
+    from typing import Any, Iterable
+
+    from .declaration import Patch  # made into objects when a patch needs its declaration, not at start-up
 
 logger = logs.get(__name__)
 
-CATALOGUE_PACKAGE = "patchkit.patches"
 
-#: The generated index's module name within a catalogue package: what start-up reads.
-INDEX_MODULE = "_index"
-#: Its companion: every declaration as data, read when a patch first needs more than its summary.
-DECLARATIONS_MODULE = "_index_declarations"
-
-#: The index format this runtime reads; an index of another format is not used (every module is scanned).
-INDEX_FORMAT = 2
-
-
-class Registered(NamedTuple):
+class Registered(Record):
     """A patch, the package its relative references resolve against, and, for a patch read from the
     catalogue's index, the declaration module not imported yet (None: imported, or registered directly)."""
 
@@ -60,7 +60,7 @@ class Registered(NamedTuple):
     declared_in: str | None = None
 
 
-class Indexed(NamedTuple):
+class Indexed(Record):
     """A patch as the catalogue's index holds it: what ``apply_all()`` needs to skip it or let it wait
     (its id, ``opt_in``, distributions and target modules), and its declaration as plain data, made
     into a :class:`Patch` only when something needs the whole of it (:meth:`registered`)."""
@@ -85,7 +85,7 @@ class Indexed(NamedTuple):
         return Registered(patch_from_data(data), self.package, self.declared_in)
 
 
-class CatalogueLoadFailure(NamedTuple):
+class CatalogueLoadFailure(Record):
     """A declaration module that could not be loaded: a record (reported, never raised at start-up),
     not an exception, hence not named ``...Error``."""
 
@@ -105,48 +105,13 @@ def declares_patches(path: str) -> bool:
     Read from the file rather than by importing it, so helper modules are never imported at
     start-up and a declaration module that fails to import is still found (and reported).
     """
+    import re  # tooling, or a stale index: not at start-up
+
     with open(path, "rb") as source:
         return re.search(_ASSIGNS_PATCHES, source.read(), re.MULTILINE) is not None
 
 
 # -- the folders ---------------------------------------------------------------------------------
-
-
-def listing(folders: Iterable[str]) -> tuple[str, ...]:
-    """The public names in a package's folders, sorted: modules (``name.py``) and anything without a
-    dot (a sub-package, or not: told apart only when needed). A listing reads no file and stats none
-    (``os.listdir`` rather than ``pkgutil``, which imports), so comparing it with the index's costs
-    microseconds per module."""
-    names: set[str] = set()
-    for folder in folders:
-        try:
-            names.update(os.listdir(folder))
-        except OSError:  # not a folder (a file named like a package), or unreadable
-            continue
-    return tuple(sorted(name for name in names
-                        if not name.startswith(("_", ".")) and (name.endswith(".py") or "." not in name)))
-
-
-def folders(package_name: str) -> dict[str, tuple[str, ...]]:
-    """Every folder that may hold declaration modules, relative to the catalogue (``""`` for the
-    catalogue itself, ``"megatron"`` for an upstream, ``"megatron.mtp"`` for a family), and its
-    :func:`listing`; a name without a dot that is not a folder is listed but has no entry.
-
-    Only the catalogue package is imported: the upstream packages are not, so an upstream that is
-    not installed costs no import of its patches.
-    """
-    root = list(importlib.import_module(package_name).__path__)
-    found = {"": listing(root)}
-    for upstream in (name for name in found[""] if "." not in name):
-        upstream_folders = [os.path.join(path, upstream) for path in root]
-        if not any(os.path.isdir(folder) for folder in upstream_folders):
-            continue
-        found[upstream] = listing(upstream_folders)
-        for family in (name for name in found[upstream] if "." not in name):
-            family_folders = [os.path.join(path, family) for path in upstream_folders]
-            if any(os.path.isdir(folder) for folder in family_folders):
-                found[f"{upstream}.{family}"] = listing(family_folders)
-    return dict(sorted(found.items()))
 
 
 def _source_path(package_name: str, relative: str) -> str | None:
@@ -256,9 +221,9 @@ def declaration_data(patch: Patch) -> tuple[Any, ...]:
 
 def patch_from_data(data: tuple[Any, ...]) -> Patch:
     """The :class:`Patch` that :func:`declaration_data` wrote."""
-    from .declaration import Add, Call, Patch, Replace, Variant, Wrap
+    from .declaration import Patch, Variant
 
-    actions = {cls.__name__: cls for cls in (Replace, Wrap, Add, Call)}
+    actions = _action_classes()
     id_, summary, why, upstream, removal, variants, opt_in, version_modules, self_check = data
     return Patch(
         id_, summary, why, upstream, removal,
@@ -266,6 +231,19 @@ def patch_from_data(data: tuple[Any, ...]) -> Patch:
               for requires, installs, native, label in variants),
         opt_in, dict(version_modules), self_check,
     )
+
+
+_ACTIONS: dict[str, type] = {}
+
+
+def _action_classes() -> dict[str, type]:
+    """The action classes by name, as :func:`declaration_data` writes them (made once: every patch read
+    from the index asks)."""
+    if not _ACTIONS:
+        from .declaration import Add, Call, Replace, Wrap
+
+        _ACTIONS.update((cls.__name__, cls) for cls in (Replace, Wrap, Add, Call))
+    return _ACTIONS
 
 
 def indexed_summary(patch: Patch) -> tuple[str, bool, tuple[tuple[str, "str | None"], ...], tuple[str, ...],
@@ -283,11 +261,8 @@ def indexed_summary(patch: Patch) -> tuple[str, bool, tuple[tuple[str, "str | No
 
 def read_index(package_name: str) -> ModuleType | None:
     """The catalogue's generated index module, or None if it has none this runtime can read."""
-    try:
-        index = importlib.import_module(f"{package_name}.{INDEX_MODULE}")
-    except ModuleNotFoundError as exc:
-        if exc.name != f"{package_name}.{INDEX_MODULE}":
-            raise
+    index = load_index(package_name)
+    if index is None:
         return None
     if getattr(index, "FORMAT", None) != INDEX_FORMAT:
         logger.warning("patchkit: %s.%s has format %r, this patchkit reads %r: every declaration module is "

@@ -15,20 +15,24 @@ values (tests/engine/test_decisions.py).
 from __future__ import annotations
 
 from enum import Enum
-from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple
 
-from . import gating
+from . import gating, settle
 from .errors import ForceRefusedError, PatchkitError, UnsupportedVersionError
-from .settings import OPT_IN, Settings
+from .records import Record
+from .settings import Settings
 from .status import Reason, State
-from .versions import InstalledVersion, Outcome, select_variant
+from .versions import Outcome, select_variant
 
-if TYPE_CHECKING:  # the drift check is imported only where a patch installs
+TYPE_CHECKING = False  # `typing` is not imported at start-up
+if TYPE_CHECKING:
+    from typing import Callable, Mapping
+
     from .declaration import Patch, Variant  # types only: declarations are made when a patch needs one
-    from .drift import Identity
+    from .drift import Identity  # the drift check is imported only where a patch installs
+    from .versions import InstalledVersion
 
 
-class Facts(NamedTuple):
+class Facts(Record):
     """What the decision needs to know about this process."""
 
     #: distribution -> its installed version, for every distribution the patch names.
@@ -41,7 +45,7 @@ class Facts(NamedTuple):
     identity: Callable[[Variant], "Identity"]
 
 
-class Decision(NamedTuple):
+class Decision(Record):
     """Which state a patch takes, why, and with which variant.
 
     ``state`` is ``SKIPPED``, ``PENDING`` (waiting for ``waiting_for`` to be imported), or
@@ -134,13 +138,8 @@ def switched_off(patch: Patch, settings: Settings) -> Decision | None:
 
 def switched_off_id(patch_id: str, opt_in: bool, settings: Settings) -> Decision | None:
     """:func:`switched_off` from the patch's id and ``opt_in`` alone (what the catalogue's index holds)."""
-    if not settings.is_enabled(patch_id, opt_in):
-        if opt_in:
-            return Decision(State.SKIPPED, Reason.OPT_IN, f"opt-in: enable with {OPT_IN}={patch_id}")
-        return Decision(State.SKIPPED, Reason.DISABLED, "not in PATCHKIT_ENABLE")
-    if settings.is_disabled(patch_id):
-        return Decision(State.SKIPPED, Reason.DISABLED, "disabled by PATCHKIT_DISABLE")
-    return None
+    off = settle.switched_off(patch_id, opt_in, settings)
+    return None if off is None else Decision(State.SKIPPED, *off)
 
 
 def _install(variant: Variant, facts: Facts, install: Decision) -> Decision:

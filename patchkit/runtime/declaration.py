@@ -2,17 +2,18 @@
 
 Declarations are imported by ``apply_all()`` at process start, so this module and every declaration
 module in the catalogue stay free of heavy imports: references to replacement code are strings
-resolved only when a variant is installed. The records are ``NamedTuple``s rather than dataclasses
-because ``dataclasses`` imports ``inspect`` (and ``ast``, ``dis``, ``tokenize``): most of the
-start-up budget. They are validated when registered (:func:`validate`).
+resolved only when a variant is installed. The records are named tuples (:class:`~.records.Record`)
+rather than dataclasses because ``dataclasses`` imports ``inspect`` (and ``ast``, ``dis``,
+``tokenize``): most of the start-up budget. They are validated when registered (:func:`validate`).
 """
 
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import Any, Mapping, NamedTuple, Union
+from typing import Any, Mapping, Union
 
 from .errors import DeclarationError
+from .records import Record
 
 #: A replacement given as ``"package.module:Qualname"`` (``".module:name"`` is relative to the
 #: declaring package) or as the object itself.
@@ -34,7 +35,7 @@ def is_patch_id(name: str) -> bool:
                                   for part in parts)
 
 
-class Target(NamedTuple):
+class Target(Record):
     """An attribute of an upstream object: ``module`` imported, then ``path`` walked with getattr."""
 
     module: str
@@ -63,7 +64,7 @@ class Target(NamedTuple):
 _PARSED: dict[str, Target] = {}
 
 
-class Replace(NamedTuple):
+class Replace(Record):
     """Set the target attribute to the object ``replacement`` names. No per-call cost."""
 
     target: str
@@ -74,7 +75,7 @@ class Replace(NamedTuple):
         return (Target.parse(self.target),)
 
 
-class Wrap(NamedTuple):
+class Wrap(Record):
     """Set the target attribute to ``factory(original)``: for patches that delegate to upstream."""
 
     target: str
@@ -85,7 +86,7 @@ class Wrap(NamedTuple):
         return (Target.parse(self.target),)
 
 
-class Add(NamedTuple):
+class Add(Record):
     """Create an attribute upstream lacks. Fails if it exists; revert deletes it."""
 
     target: str
@@ -96,7 +97,7 @@ class Add(NamedTuple):
         return (Target.parse(self.target),)
 
 
-class Call(NamedTuple):
+class Call(Record):
     """A patch that is a registration through an upstream API rather than an attribute.
 
     ``install()`` is called once ``after`` (a module name) is imported; ``uninstall()`` undoes it.
@@ -121,7 +122,7 @@ def action_modules(action: Action) -> tuple[str, ...]:
     return tuple(target.module for target in action.targets)
 
 
-class Variant(NamedTuple):
+class Variant(Record):
     """One implementation of a patch, valid where every ``requires`` specifier holds.
 
     ``requires`` maps distribution names to PEP 440 specifier sets. ``native`` says upstream has the
@@ -149,7 +150,7 @@ class Variant(NamedTuple):
         return tuple(seen)
 
 
-class Patch(NamedTuple):
+class Patch(Record):
     """A named behaviour change for one or more upstreams, with its variants and its reasons.
 
     ``summary``/``why``/``upstream``/``removal`` are shown by ``patchkit list`` and ``explain``:

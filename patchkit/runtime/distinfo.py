@@ -24,12 +24,15 @@ module reads that line the way ``importlib.metadata.version`` finds it, and hand
 from __future__ import annotations
 
 import os
-import re
 import sys
 from importlib.machinery import PathFinder
-from typing import Callable
 
-_SEPARATORS = r"[-_.]+"  # compiled by `re` when first used
+TYPE_CHECKING = False  # `typing` is not imported at start-up
+if TYPE_CHECKING:
+    from typing import Callable
+
+#: Every separator ``importlib.metadata`` treats alike, made ``_`` (string methods: no `re` at start-up).
+_SEPARATORS = str.maketrans("-.", "__")
 _listings: dict[str, tuple[int, dict[str, list[str]]]] = {}
 #: Versions read from metadata entries, by entry path; an entry's folder listing changing (an install
 #: or an upgrade renames the entry) drops that folder's (see :func:`_listing`). A process asks about
@@ -43,7 +46,10 @@ class _Unsure(Exception):
 
 def normalise(name: str) -> str:
     """``importlib.metadata``'s ``Prepared.normalize``: ``Foo.Bar-baz`` -> ``foo_bar_baz``."""
-    return re.sub(_SEPARATORS, "-", name).lower().replace("-", "_")
+    folded = name.translate(_SEPARATORS).lower()
+    while "__" in folded:  # a run of separators is one
+        folded = folded.replace("__", "_")
+    return folded
 
 
 def _listing(entry: str) -> dict[str, list[str]]:

@@ -25,9 +25,9 @@ file only the first time that version of the file is seen on the machine.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping, NamedTuple, Union, cast
+from typing import Any, Callable, Iterable, Mapping, Union, cast
 
-from . import distinfo, pep440
+from . import distinfo, pep440, records
 from .declaration import Replace, Target, Variant, Wrap
 from .errors import DeclarationError
 from .versions import specifier  # parsed once per process: every install checks its variant's ranges
@@ -45,7 +45,7 @@ RecordSource = Union[Index, Callable[[bool], "Index | None"], None]
 VERIFIED = "verified"
 
 
-class Drift(NamedTuple):
+class Drift(records.Record):
     """Targets whose installed code matches no fingerprint recorded for the variant's range."""
 
     patch_id: str
@@ -61,7 +61,7 @@ class Drift(NamedTuple):
                 f"run its tests and `patchkit matrix record`")
 
 
-class Identity(NamedTuple):
+class Identity(records.Record):
     """The outcome of comparing a variant's targets with its records, for a release beyond its range."""
 
     identical: bool

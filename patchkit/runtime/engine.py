@@ -29,17 +29,15 @@ except by the fork handlers (:mod:`.forking`), which take it first.
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 import importlib
 import os
 import sys
 import threading
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 
-from . import forking, gating, import_watch, interrupts, jobs, logs
+from . import forking, gating, import_watch, interrupts, jobs, logs, settle
 from . import settings as settings_module
 from .catalogue import CatalogueLoadFailure, Indexed, Registered, normalized
-from .decision import Decision, Facts, Step, Trigger, decide, next_step, switched_off_id
+from .decision import Decision, Facts, Step, Trigger, decide, next_step
 from .entries import Entry, Job, Ticket, Work
 from .errors import (
     ConfigError,
@@ -54,10 +52,13 @@ from .errors import (
     UnsupportedVersionError,
 )
 from .settings import Settings
+from .settle import switched_off
 from .status import PatchStatus, Reason, State
-from .versions import Availability
 
+TYPE_CHECKING = False  # `typing` is not imported at start-up
 if TYPE_CHECKING:  # the drift module and the installer are imported only when a patch installs
+    from typing import Any, Iterable, Iterator, Mapping, Sequence
+
     from .declaration import Patch
     from .drift import RecordSource
     from .installer import Installed, Registration
@@ -318,56 +319,53 @@ class Engine:
 
     def _consider(self, entry: Entry, chosen: Settings, work: Work, lazily: bool = False) -> None:
         """Decide ``entry`` with ``chosen`` settings. ``lazily`` (``apply_all``): a patch read from the
-        catalogue's index whose upstream is installed but none of whose target modules is imported
-        waits for them undecided (:meth:`_wait_undecided`)."""
+        catalogue's index is first settled from the index alone, if that is enough (:mod:`.settle`:
+        its upstream not installed, or waiting undecided for its code)."""
         entry.settings = chosen
         # Before any fact is gathered: a switched-off patch costs nothing.
-        off = switched_off_id(entry.id, entry.opt_in, chosen)
+        off = switched_off(entry.id, entry.opt_in, chosen)
         if off is not None:
-            entry.set(State.SKIPPED, off.reason, off.detail)
-        elif not (lazily and entry.indexed is not None and self._wait_undecided(entry, entry.indexed, work)):
+            entry.set(State.SKIPPED, *off)
+            return
+        indexed = entry.indexed if lazily else None
+        settled = None if indexed is None else settle.from_index(
+            indexed.distributions, indexed.modules, indexed.required, work.found, import_watch.imported)
+        if settled is not None:
+            self._settle(entry, settled)
+            work.watch.extend(settled.waiting_for)
+            if settled.reason is Reason.NOT_INSTALLED:
+                logger.debug("patchkit: %s skipped: %s", entry.id, entry.detail)
+        else:
             self._advance_safely(entry, "while applying", work)
 
-    def _wait_undecided(self, entry: Entry, indexed: Indexed, work: Work) -> bool:
-        """Settle ``entry`` from the catalogue index's record alone, if that is enough; True if so.
-
-        Its upstream not installed (or a distribution every variant requires): skipped. Installed,
-        none of the modules any of its variants targets imported yet: pending, undecided, until one
-        is. This keeps ``apply_all()`` flat in the size of the catalogue: such a patch costs a few
-        lookups now, and its declaration (made from the index, then imported), its variant and its
-        version check are paid for when its upstream's code is imported (the post-import hook
-        decides it, as it does any pending patch). Anything else (a target module imported, no
-        module to wait for, a version known only once imported, an upstream installed in part that
-        some variant may do without) is decided now. A patch whose every variant is native waits for
-        its upstream's import package instead of a target module. The outcome is
+    @staticmethod
+    def _settle(entry: Entry, settled: settle.Settled) -> None:
+        """Record what the index alone settled. This keeps ``apply_all()`` flat in the size of the
+        catalogue: such a patch costs a few lookups now, and its declaration (made from the index,
+        then imported), its variant and its version check are paid for when its upstream's code is
+        imported (the post-import hook decides it, as it does any pending patch). The outcome is
         the same either way, only when it is reached differs: a version outside every range is
-        reported once the upstream is imported.
-        """
-        versions, absent = {}, []
-        for dist, module in indexed.distributions:
-            found = work.installed_version(dist, module)
-            if found.availability is Availability.MISSING:
-                absent.append(dist)
-            elif found.version is None:
-                return False  # deferred: the version is read once the module is imported
-            versions[dist] = found.raw
-        if absent:
-            if not any(dist in indexed.required for dist in absent) and len(absent) < len(indexed.distributions):
-                return False  # installed in part, and some variant may not need what is missing: for the decision
-            entry.versions = {dist: versions.get(dist) for dist, _ in indexed.distributions}
-            entry.set(State.SKIPPED, Reason.NOT_INSTALLED, f"{', '.join(sorted(absent))} not installed")
-            logger.debug("patchkit: %s skipped: %s", entry.id, entry.detail)
-            return True
-        # A patch whose every variant is native installs into no module: it waits for its upstream's.
-        modules = indexed.modules or tuple(module for _, module in indexed.distributions if module is not None)
-        if not modules or any(import_watch.imported(module) for module in modules):
-            return False  # nothing to wait for, or a module is here: decided now
-        entry.versions = versions
-        entry.set(State.PENDING, None, f"waiting for {' or '.join(modules)} to be imported; its variant is "
-                                       f"chosen then")
-        entry.waiting_for, entry.undecided = modules, True
-        work.watch.extend(modules)
-        return True
+        reported once the upstream is imported."""
+        entry.set(settled.state, settled.reason, settled.detail)
+        entry.versions = dict(settled.versions)
+        if settled.state is State.PENDING:
+            entry.waiting_for, entry.undecided = settled.waiting_for, True
+
+    def take_over(self, settled: Mapping[str, settle.Settled], chosen: Settings) -> None:
+        """Record what the start-up pass of a process settled from the catalogue's index with
+        ``chosen`` settings (:mod:`.process_engine`: ``apply_all()`` before this engine was built),
+        as this engine's ``apply_all()`` would have recorded it. Patches this engine registered from
+        the index and has not decided yet take those states; the post-import hooks that pass armed
+        tell this engine when their modules are imported."""
+        with self._lock:
+            self._use(chosen)
+            self._config_problems = ()
+            for patch_id, outcome in settled.items():
+                entry = self._entries.get(patch_id)
+                if entry is None or entry.indexed is None or entry.state is not State.REGISTERED:
+                    continue
+                entry.settings = chosen
+                self._settle(entry, outcome)
 
     def _advance_safely(self, entry: Entry, context: str, work: Work, just_imported: str | None = None) -> None:
         """``_advance``, with anything unexpected recorded as a failure of this patch alone.
@@ -583,10 +581,8 @@ class Engine:
     def status(self, *patterns: str) -> list[PatchStatus]:
         """Every patch's status (or those matching ``patterns``), sorted by id."""
         with self._lock:
-            records = [
-                entry.record() for entry in self._entries.values()
-                if not patterns or any(fnmatch.fnmatchcase(entry.id, p) for p in patterns)
-            ]
+            records = [entry.record() for entry in self._entries.values()
+                       if not patterns or settings_module.matches_any(entry.id, patterns)]
             if not patterns:
                 records.extend(
                     PatchStatus(id=error.module, state=State.FAILED, detail="declaration module failed to load",

@@ -9,16 +9,17 @@ carry out, modules to watch) so that it is done after the lock is released.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, NamedTuple
 
-from . import logs
+from . import installed, logs
 from .catalogue import Indexed, Registered
 from .decision import Decision
 from .errors import DeclarationError, DriftError, PatchInstallError
+from .records import Record
 from .settings import Settings
 from .status import PatchStatus, Reason, State
-from .versions import InstalledVersion, installed_version
+from .versions import InstalledVersion, from_found
 
+TYPE_CHECKING = False  # `typing` is not imported at start-up
 if TYPE_CHECKING:  # the installer is imported by the first install, not at start-up
     from .declaration import Patch, Variant  # types only: declarations are made when a patch needs one
     from .installer import Installed, Registration
@@ -133,7 +134,7 @@ class Entry:
         )
 
 
-class Job(NamedTuple):
+class Job(Record):
     """An installation decided under the lock, carried out by :func:`.jobs.carry_out`."""
 
     entry: Entry
@@ -153,17 +154,26 @@ class Work:
     versions it read (once per distribution and pass: most patches of a family ask for the same one,
     and each answer costs a search of ``sys.path``)."""
 
-    __slots__ = ("jobs", "watch", "versions")
+    __slots__ = ("jobs", "watch", "versions", "_found")
 
     def __init__(self) -> None:
         self.jobs: list[Job] = []
         self.watch: list[str] = []
         self.versions: dict[tuple[str, str | None], InstalledVersion] = {}
+        self._found: dict[tuple[str, str | None], tuple[str, str | None]] = {}
+
+    def found(self, distribution: str, module: str | None) -> tuple[str, str | None]:
+        """:func:`.installed.find`, read once in this pass."""
+        key = (distribution, module)
+        answer = self._found.get(key)
+        if answer is None:
+            answer = self._found[key] = installed.find(distribution, module)
+        return answer
 
     def installed_version(self, distribution: str, module: str | None) -> InstalledVersion:
         """:func:`.versions.installed_version`, read once in this pass."""
         key = (distribution, module)
-        found = self.versions.get(key)
-        if found is None:
-            found = self.versions[key] = installed_version(distribution, module)
-        return found
+        version = self.versions.get(key)
+        if version is None:
+            version = self.versions[key] = from_found(*self.found(distribution, module), module)
+        return version

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Sequence
+TYPE_CHECKING = False  # `typing` is not imported at start-up
+if TYPE_CHECKING:
+    from typing import Any, Iterable, Mapping, Sequence
 
 
 class PatchkitError(Exception):

@@ -9,25 +9,27 @@ each engine drops the install claims of threads that vanished (see :class:`Guard
 
 from __future__ import annotations
 
+import _thread  # `threading.get_ident` is this function; importing `threading` costs start-up a millisecond
 import os
-import threading
-import weakref
-from typing import Protocol
+from _weakrefset import WeakSet  # `weakref.WeakSet` itself, without the import of `weakref`
 
 from . import import_watch
 
+TYPE_CHECKING = False  # `typing` is not imported at start-up
+if TYPE_CHECKING:
+    from typing import Protocol
 
-class Guarded(Protocol):
-    """What an engine does around a fork: hold its lock, release it, renew its state in the child."""
+    class Guarded(Protocol):
+        """What an engine does around a fork: hold its lock, release it, renew its state in the child."""
 
-    def _hold_for_fork(self) -> None: ...
+        def _hold_for_fork(self) -> None: ...
 
-    def _release_after_fork(self) -> None: ...
+        def _release_after_fork(self) -> None: ...
 
-    def _renew_in_child(self, thread: int) -> None: ...
+        def _renew_in_child(self, thread: int) -> None: ...
 
 
-_GUARDED: "weakref.WeakSet[Guarded]" = weakref.WeakSet()
+_GUARDED: WeakSet[Guarded] = WeakSet()
 
 
 def guard(engine: Guarded) -> None:
@@ -49,7 +51,7 @@ def _after_fork_in_parent() -> None:
 
 def _after_fork_in_child() -> None:
     import_watch.renew_in_child()
-    me = threading.get_ident()
+    me = _thread.get_ident()
     for engine in list(_GUARDED):
         engine._renew_in_child(me)
 

@@ -17,13 +17,15 @@ Two rules on top of plain version gating (:mod:`.versions`), kept here so the en
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping
+from .versions import Outcome, beyond_every_range, specifier
 
-from .versions import InstalledVersion, Outcome, Selection, beyond_every_range, specifier
-
+TYPE_CHECKING = False  # `typing` is not imported at start-up
 if TYPE_CHECKING:
+    from typing import Mapping
+
     from .declaration import Patch, Variant  # types only: declarations are made when a patch needs one
     from .drift import Identity, RecordSource
+    from .versions import InstalledVersion, Selection
 
 
 def native_refusal(patch: Patch, versions: Mapping[str, InstalledVersion], selection: Selection) -> Variant | None:

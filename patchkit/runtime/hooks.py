@@ -28,21 +28,25 @@ unless strict mode asked for it to propagate).
 
 from __future__ import annotations
 
+import _thread  # `threading`'s RLock and local are these classes; `import threading` costs start-up a millisecond
 import sys
-import threading
 from importlib.machinery import ModuleSpec
-from types import ModuleType
-from typing import Any, Callable, Sequence
 
 from . import logs
 
+TYPE_CHECKING = False  # `typing` is not imported at start-up
+if TYPE_CHECKING:
+    from types import ModuleType
+    from typing import Any, Callable, Sequence
+
+    Hook = Callable[[ModuleType], None]
+
 logger = logs.get(__name__)
 
-Hook = Callable[[ModuleType], None]
 
 _hooks: dict[str, list[Hook]] = {}
-_lock = threading.RLock()
-_local = threading.local()  # names this thread is resolving through the other finders
+_lock = _thread.RLock()
+_local = _thread._local()  # names this thread is resolving through the other finders
 
 
 def initializing(module: object) -> bool:

@@ -14,32 +14,40 @@ nests with them, taken first.
 
 from __future__ import annotations
 
+import _thread  # `threading.RLock` is this class; importing `threading` costs start-up a millisecond
 import sys
-import threading
-import weakref
-from typing import Any, Protocol
+from _weakrefset import WeakSet  # `weakref.WeakSet` itself, without the import of `weakref`
 
 from . import logs
+
+TYPE_CHECKING = False  # `typing` is not imported at start-up
+if TYPE_CHECKING:
+    from typing import Any, Protocol
+
+    class Listener(Protocol):
+        """What dispatch needs of an engine: to be told of an import, and whether it is strict."""
+
+        _strict: bool
+
+        def _module_imported(self, module: str) -> None: ...
+
 
 logger = logs.get("patchkit")
 
 
-class Listener(Protocol):
-    """What dispatch needs of an engine: to be told of an import, and whether it is strict."""
-
-    _strict: bool
-
-    def _module_imported(self, module: str) -> None: ...
-
-
-_LISTENERS: "weakref.WeakSet[Listener]" = weakref.WeakSet()
+_LISTENERS: WeakSet[Listener] = WeakSet()
 _ARMED: set[str] = set()
-_WATCH_LOCK = threading.RLock()
+_WATCH_LOCK = _thread.RLock()
 
 
 def listen(listener: Listener) -> None:
     """Have ``listener`` told of every watched module's import from now on, while it is alive."""
     _LISTENERS.add(listener)
+
+
+def forget(listener: Listener) -> None:
+    """Tell ``listener`` of no further import (the start-up pass's, once the engine hears them itself)."""
+    _LISTENERS.discard(listener)
 
 
 def imported(module: str) -> bool:
@@ -108,7 +116,7 @@ def release_after_fork() -> None:
 def renew_in_child() -> None:
     """Fresh locks in a forked child: a thread that held one does not exist there."""
     global _WATCH_LOCK
-    _WATCH_LOCK = threading.RLock()
+    _WATCH_LOCK = _thread.RLock()
     hooks: Any = sys.modules.get(f"{__package__}.hooks")
     if hooks is not None:  # the hook registry's lock, held briefly by register() in any thread
-        hooks._lock = threading.RLock()
+        hooks._lock = _thread.RLock()

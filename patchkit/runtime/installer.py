@@ -17,11 +17,12 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 from . import interrupts
 from .declaration import Action, Add, Call, Reference, Replace, Target
 from .errors import ForeignWrapperError, PatchInstallError, TargetResolutionError, UndoError
+from .records import Record
 
 _ABSENT = object()
 
@@ -93,7 +94,7 @@ def _redefines(current: Any, original: Any) -> bool:
         before.co_filename, before.co_firstlineno, before.co_name)
 
 
-class Installed(NamedTuple):
+class Installed(Record):
     """One attribute patchkit set, with what it needs to put things back."""
 
     target: str
@@ -141,7 +142,7 @@ class Installed(NamedTuple):
             setattr(self.owner, self.name, self.previous)
 
 
-class Registration(NamedTuple):
+class Registration(Record):
     """A ``Call`` action that ran; ``undo`` reverses it."""
 
     target: str
@@ -157,7 +158,7 @@ class Registration(NamedTuple):
         self.undo()
 
 
-class Prepared(NamedTuple):
+class Prepared(Record):
     """An action with its references resolved: everything an install needs, imported already."""
 
     action: Action

@@ -28,10 +28,13 @@ from __future__ import annotations
 import _signal  # type: ignore[import-not-found]  # no stub; the `signal` wrapper would cost an import at start-up
 import contextlib
 import threading
-from typing import Any, Callable, Iterator
 
-#: What :func:`deferred` yields: each held signal and the handler it puts back when the section ends.
-Handlers = dict[int, Callable[[int, Any], Any]]
+TYPE_CHECKING = False  # `typing` is not imported at start-up
+if TYPE_CHECKING:
+    from typing import Any, Callable, Iterator
+
+    #: What :func:`deferred` yields: each held signal and the handler it puts back when the section ends.
+    Handlers = dict[int, Callable[[int, Any], Any]]
 
 #: Synchronous faults: a handler for them cannot wait (the faulting instruction would run again).
 NEVER_HELD = frozenset(getattr(_signal, name) for name in ("SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGABRT")

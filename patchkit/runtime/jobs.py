@@ -9,8 +9,6 @@ raises, ``sys.exit`` in a hook) rolls back each install it still holds a claim o
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from . import catalogue, import_watch, interrupts, logs
 from .catalogue import Registered
 from .decision import Decision
@@ -18,6 +16,7 @@ from .entries import Entry, Job, Work
 from .errors import DeclarationError, DriftError, PatchInstallError, TargetResolutionError
 from .status import Reason, State
 
+TYPE_CHECKING = False  # `typing` is not imported at start-up
 if TYPE_CHECKING:  # the drift module is imported only when a patch installs
     from .declaration import Patch, Variant  # types only: declarations are made when a patch needs one
     from .drift import Drift

@@ -17,11 +17,12 @@ post-import hook on ``logging`` (at once if it is imported already).
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any, cast
 
+TYPE_CHECKING = False  # `typing` is not imported at start-up
 if TYPE_CHECKING:
     import logging
     from types import ModuleType
+    from typing import Any
 
 #: The logger every patchkit logger's records reach, and the one that carries the NullHandler.
 ROOT = "patchkit"
@@ -57,7 +58,8 @@ class _Logger:
 
 def get(name: str) -> "logging.Logger":
     """The logger ``name`` (``patchkit`` or beneath it), importing ``logging`` only when it is needed."""
-    return cast("logging.Logger", _Logger(name))
+    found: logging.Logger = _Logger(name)  # type: ignore[assignment]  # it stands in for one
+    return found
 
 
 def _real(name: str) -> "logging.Logger":

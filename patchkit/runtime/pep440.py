@@ -17,10 +17,13 @@ the pre-releases of its first version writes its bounds as ``>=0.48.0rc0,<0.49.0
 
 from __future__ import annotations
 
-import re
-from typing import Any, NamedTuple
-
 from .errors import PatchkitError
+from .records import Record
+
+TYPE_CHECKING = False  # `typing` is not imported at start-up
+if TYPE_CHECKING:
+    import re
+    from typing import Any
 
 
 class InvalidVersion(PatchkitError, ValueError):
@@ -33,7 +36,7 @@ class InvalidSpecifier(PatchkitError, ValueError):
 
 # packaging's VERSION_PATTERN (PEP 440 appendix B), which accepts the non-canonical spellings too.
 # Compiled on first use (about 1 ms): the versions a process meets at start-up are nearly all of the
-# plain form _PLAIN reads alone.
+# plain form _plain reads alone, without `re`.
 _VERSION_PATTERN = r"""
     v?
     (?:(?P<epoch>[0-9]+)!)?
@@ -44,14 +47,13 @@ _VERSION_PATTERN = r"""
     (?:\+(?P<local>[a-z0-9]+(?:[-_.][a-z0-9]+)*))?
 """
 _version: "re.Pattern[str] | None" = None
-#: Release segments with at most a pre-release spelled the canonical way (``0.19.2``, ``0.14.0rc0``):
-#: the same answer as the full pattern, which it spares.
-_PLAIN = re.compile(r"([0-9]+(?:\.[0-9]+)*)(?:(a|b|rc)([0-9]+))?")
 _PRE = {"a": 0, "alpha": 0, "b": 1, "beta": 1, "c": 2, "pre": 2, "preview": 2, "rc": 2}
-_SPEC = re.compile(r"^\s*(~=|==|!=|<=|>=|<|>)\s*([^\s=<>!~]\S*)\s*$")
+#: One clause of a specifier set; compiled by `re` when first used (a decision, not start-up).
+_SPEC = r"^\s*(~=|==|!=|<=|>=|<|>)\s*([^\s=<>!~]\S*)\s*$"
+_DIGITS = frozenset("0123456789")
 
 
-class Version(NamedTuple):
+class Version(Record):
     """A parsed version, ordered as PEP 440 (and ``packaging``) order it."""
 
     epoch: int
@@ -100,11 +102,11 @@ class Version(NamedTuple):
 def parse(text: str) -> Version:
     """Parse ``text`` as a PEP 440 version; raise :class:`InvalidVersion` otherwise."""
     global _version
-    plain = _PLAIN.fullmatch(text.strip())
+    plain = _plain(text.strip())
     if plain is not None:
-        release, label, number = plain.groups()
-        return Version(0, tuple(int(p) for p in release.split(".")),
-                       None if label is None else (_PRE[label], int(number)), None, None, None, text.strip())
+        return plain
+    import re  # for the versions _plain does not read: not at start-up
+
     if _version is None:
         _version = re.compile(_VERSION_PATTERN, re.VERBOSE | re.IGNORECASE)
     match = _version.fullmatch(text.strip())
@@ -121,6 +123,23 @@ def parse(text: str) -> Version:
         local = tuple(int(p) if p.isdigit() else p.lower() for p in re.split(r"[-_.]", match["local"]))
     return Version(int(match["epoch"] or 0), tuple(int(p) for p in match["release"].split(".")), pre, post,
                    int(match["dev_n"] or 0) if match["dev"] else None, local, text.strip())
+
+
+def _plain(text: str) -> Version | None:
+    """Release segments with at most a pre-release spelled the canonical way (``0.19.2``,
+    ``0.14.0rc0``), read with string methods: the full pattern's answer, without importing `re`."""
+    release, pre = text, None
+    for label in ("rc", "a", "b"):
+        head, found, number = text.rpartition(label)
+        if found:
+            if not number or not _DIGITS.issuperset(number):
+                return None
+            release, pre = head, (_PRE[label], int(number))
+            break
+    parts = release.split(".")
+    if not all(part and _DIGITS.issuperset(part) for part in parts):
+        return None
+    return Version(0, tuple(int(part) for part in parts), pre, None, None, None, text)
 
 
 def _eq(version: Version, spec: str) -> bool:
@@ -182,7 +201,9 @@ class SpecifierSet:
                 if text.strip():
                     raise InvalidSpecifier(f"{text!r}: empty clause")
                 continue
-            match = _SPEC.match(part)
+            import re  # compiled once and cached by `re`
+
+            match = re.match(_SPEC, part)
             if match is None:
                 raise InvalidSpecifier(f"{part.strip()!r} is not a PEP 440 specifier")
             operator, version = match.groups()

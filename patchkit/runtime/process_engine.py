@@ -5,24 +5,51 @@ It is built from the shipped catalogue on first use, and the declaration modules
 runtime, rather than in the ``patchkit`` package itself, so the modules beneath that package
 (``patchkit.processes``, ``patchkit.selfcheck``) reach it without importing back up into the package
 that imports them.
+
+**Before the engine is built.** The first ``patchkit.apply_all()`` of a process usually finds every
+patch switched off, its upstream not installed, or waiting for its upstream's code to be imported:
+what the catalogue's index alone settles (:mod:`.settle`). :func:`apply_all_from_index` does that
+much without the engine (no engine, entries, declarations, decision or version parsing is imported
+or built): it reads the index, settles every patch, records the outcome here and arms the
+post-import hooks. The engine is built when something needs it: one of those modules is imported
+(the hook builds it and hands it the import), or a caller asks for it (``patchkit.status()``,
+``explain``, ``apply``, ``revert``, ``engine()`` itself). It then takes over the recorded outcome
+(:meth:`.engine.Engine.take_over`), as though its own ``apply_all()`` had recorded it, so every
+patch is in its status. Whatever the index does not settle alone (a target module imported already,
+a toggle that is not only ``PATCHKIT_ENABLE``/``DISABLE``/``OPT_IN``/``FORCE``, a configuration
+problem to report, a stale index), the call goes to the engine, as before.
+
+Locks. ``_engine_lock`` is held while the engine is built or the start-up pass settles, never while a
+hook is armed (an armed hook may run at once and build the engine); it is renewed in a forked child.
 """
 
 from __future__ import annotations
 
+import _thread  # `threading.Lock` is this lock; importing `threading` costs start-up a millisecond
 import os
-import threading
-from typing import Mapping
 
-from . import catalogue, settings
-from .engine import Engine
+# forking: its fork handlers renew the hooks' locks in a child, armed hooks or not.
+from . import forking, import_watch, index, installed, logs, settings, settle  # noqa: F401
+from .status import PatchStatus, Reason, State
+
+TYPE_CHECKING = False  # `typing` is not imported at start-up
+if TYPE_CHECKING:
+    from typing import Mapping, Sequence
+
+    from .engine import Engine
 
 _engine: Engine | None = None
-_engine_lock = threading.Lock()
+_engine_lock = _thread.allocate_lock()
+#: What the start-up pass settled, by patch id, and with which settings; None: it has not run (or
+#: the engine took it over).
+_settled: dict[str, settle.Settled] | None = None
+_settled_with: settings.Settings | None = None
+logger = logs.get("patchkit")
 
 
 def _after_fork_in_child() -> None:
     global _engine_lock
-    _engine_lock = threading.Lock()  # a thread that held it does not exist in the child
+    _engine_lock = _thread.allocate_lock()  # a thread that held it does not exist in the child
 
 
 if hasattr(os, "register_at_fork"):
@@ -30,14 +57,104 @@ if hasattr(os, "register_at_fork"):
 
 
 def engine() -> Engine:
-    """The process-wide engine, loading the shipped catalogue on first use."""
-    global _engine
+    """The process-wide engine, loading the shipped catalogue on first use (and taking over what the
+    start-up pass settled, if it ran)."""
+    global _engine, _settled
     if _engine is None:
         with _engine_lock:
             if _engine is None:
+                from . import catalogue
+                from .engine import Engine
+
                 patches, errors = catalogue.load()
-                _engine = Engine(patches, errors)
+                built = Engine(patches, errors)
+                if _settled is not None and _settled_with is not None:
+                    built.take_over(_settled, _settled_with)
+                _engine, _settled = built, None
+                import_watch.forget(_WATCH)
     return _engine
+
+
+class _StartUpWatch:
+    """Hears the imports the start-up pass waits for, while no engine exists: the first one builds
+    the engine, which hears every later one itself."""
+
+    _strict = False  # the start-up pass runs only where strict mode is off
+
+    def _module_imported(self, module: str) -> None:
+        engine()._module_imported(module)
+
+
+_WATCH = _StartUpWatch()
+
+
+def apply_all_from_index(
+    *,
+    enable: Sequence[str] | str | None = None,
+    disable: Sequence[str] | str | None = None,
+    force: Sequence[str] | str | None = None,
+    opt_in: Sequence[str] | str | None = None,
+    strict: bool | None = None,
+    environ: Mapping[str, str] | None = None,
+    catalogues: Sequence[str] = (index.CATALOGUE_PACKAGE,),
+) -> list[PatchStatus] | None:
+    """``apply_all()`` in a process whose engine is not built, settled from the catalogue's index
+    alone (see the module doc); None if this call needs the engine (the caller then asks it).
+
+    Taken only where it decides exactly what the engine would: no explicit argument, the catalogue's
+    index current, every ``PATCHKIT_*`` variable readable and none asking for strict mode or a log
+    level, and every patch switched off, not installed, or waiting for modules not imported yet.
+    ``catalogues``: the catalogue packages whose indexes are read (the shipped one; the start-up
+    benchmark adds one it generates, whose patches the engine, built later, does not know).
+    """
+    global _settled, _settled_with
+    if _engine is not None or any(given is not None for given in (enable, disable, force, opt_in, strict)):
+        return None
+    with _engine_lock:
+        if _engine is not None:
+            return None
+        records = []
+        for package in catalogues:
+            catalogue_index = index.current(package)
+            if catalogue_index is None:
+                return None  # no index, another format, or stale: the engine reads the declarations and says so
+            records += [record for patches in catalogue_index.DECLARATIONS.values() for record in patches]
+        ids = [record[0] for record in records]
+        if len(set(ids)) != len(ids):
+            return None  # an id declared twice: the engine refuses it
+        reading = settings.read(environ, known_ids=ids)
+        chosen = reading.settings
+        if reading.problems or reading.blocking is not None or chosen.strict or chosen.log_level is not None:
+            return None  # each problem is reported by the engine, once; strict mode raises there
+        found: dict[tuple[str, str | None], tuple[str, str | None]] = {}
+
+        def find(distribution: str, module: str | None) -> tuple[str, str | None]:
+            key = (distribution, module)
+            if key not in found:
+                found[key] = installed.find(distribution, module)
+            return found[key]
+
+        outcome = {}
+        for patch_id, opt_in_only, distributions, modules, required in records:
+            off = settle.switched_off(patch_id, opt_in_only, chosen)
+            if off is not None:
+                outcome[patch_id] = settle.Settled(State.SKIPPED, off[0], off[1], {})
+                continue
+            settled = settle.from_index(distributions, modules, required, find, import_watch.imported)
+            if settled is None:
+                return None  # this one needs the decision: the engine decides it, and the rest as before
+            outcome[patch_id] = settled
+            if settled.reason is Reason.NOT_INSTALLED:
+                logger.debug("patchkit: %s skipped: %s", patch_id, settled.detail)
+        # Sorted by id, as the engine keeps them (keys alone: no pair is made per patch).
+        _settled, _settled_with = {patch_id: outcome[patch_id] for patch_id in sorted(outcome)}, chosen
+        import_watch.listen(_WATCH)  # under the lock: an engine built from now on takes over, and forgets it
+        settled_now = _settled
+    # The lock released first: a hook armed for a module imported meanwhile runs at once, and builds the engine.
+    for module in dict.fromkeys(module for settled in settled_now.values() for module in settled.waiting_for):
+        import_watch.watch(module)
+    return [PatchStatus(patch_id, settled.state, settled.reason, settled.detail, None, dict(settled.versions), None,
+                        (), settled.waiting_for) for patch_id, settled in settled_now.items()]
 
 
 def register_extra_patches(environ: Mapping[str, str] | None = None) -> tuple[tuple[str, ...], list[str]]:
@@ -49,6 +166,8 @@ def register_extra_patches(environ: Mapping[str, str] | None = None) -> tuple[tu
     the whole module out). A module that fails is reported and skipped; the others still register.
     Returns the module names and the problems met. Raises ``ConfigError`` if the variable is malformed.
     """
+    from . import catalogue
+
     env = os.environ if environ is None else environ
     modules = settings.parse_modules(settings.EXTRA_PATCHES, env.get(settings.EXTRA_PATCHES, ""))
     problems = []

@@ -12,12 +12,16 @@ when their value cannot be read at all: patchkit cannot tell which patches they 
 
 from __future__ import annotations
 
-import fnmatch
 import os
-import re
-from typing import Callable, Iterable, Mapping, NamedTuple, Sequence, TypeVar
 
 from .errors import ConfigError, UnknownPatchError, UnknownVariableError
+from .records import Record
+
+TYPE_CHECKING = False  # `typing` is not imported at start-up
+if TYPE_CHECKING:
+    from typing import Callable, Iterable, Mapping, Sequence, TypeVar
+
+    T = TypeVar("T")
 
 DISABLE = "PATCHKIT_DISABLE"
 ENABLE = "PATCHKIT_ENABLE"
@@ -78,10 +82,9 @@ _BOOL_FORM = "1, true, yes, on, 0, false, no, off"
 #: ``logging``'s level names and numbers (fixed by its documentation), so that reading them imports no ``logging``.
 _LEVEL_NUMBERS = {"DEBUG": 10, "INFO": 20, "WARNING": 30, "ERROR": 40, "CRITICAL": 50}
 _LEVELS = tuple(_LEVEL_NUMBERS)
-T = TypeVar("T")
 
 
-class Settings(NamedTuple):
+class Settings(Record):
     """Every ``PATCHKIT_*`` toggle, parsed: what one ``apply_all()`` call (or autoload) uses."""
 
     enable: tuple[str, ...] | None = None  #: None: no restriction
@@ -111,6 +114,8 @@ class Settings(NamedTuple):
 def matches_any(patch_id: str, patterns: Iterable[str]) -> bool:
     if not patterns:  # the usual case, asked for every patch at start-up
         return False
+    import fnmatch  # only where a pattern is given: it imports `re`, which start-up does not
+
     return any(fnmatch.fnmatchcase(patch_id, pattern) for pattern in patterns)
 
 
@@ -132,6 +137,8 @@ def parse_patterns(variable: str, value: str | Sequence[str]) -> tuple[str, ...]
     """Split a comma-separated list of ids/globs (or take a sequence); reject what cannot be one."""
     tokens = [token.strip() for token in (value.split(",") if isinstance(value, str) else value)]
     shown = value if isinstance(value, str) else ",".join(value)
+    import re  # only where a value is given: start-up does not import it
+
     for token in tokens:
         if not token:
             raise ConfigError(variable, shown, _PATTERN_FORM, problem="malformed (empty entry)")
@@ -163,6 +170,8 @@ def parse_modules(variable: str, value: str) -> tuple[str, ...]:
     if present is None:
         return ()
     tokens = tuple(token.strip() for token in present.split(","))
+    import re  # only where a value is given: start-up does not import it
+
     for token in tokens:
         if not token:
             raise ConfigError(variable, value, _MODULE_FORM, problem="malformed (empty entry)")
@@ -181,6 +190,8 @@ def parse_log_level(variable: str, value: str) -> int:
     text = (present or "").strip().upper()
     if text in _LEVELS:
         return _LEVEL_NUMBERS[text]
+    import re  # only for a level given as a number
+
     if re.fullmatch(_LEVEL_NUMBER, text, re.ASCII) and int(text) <= 50:
         return int(text)
     raise ConfigError(variable, value, _LEVEL_FORM)
@@ -216,7 +227,7 @@ def choice(variable: str, environ: Mapping[str, str] | None = None) -> str:
     return parse_choice(variable, env.get(variable, ""))
 
 
-class Reading(NamedTuple):
+class Reading(Record):
     """The settings :func:`read` could make out, and every problem met on the way."""
 
     settings: Settings
@@ -273,6 +284,8 @@ def read(
         found = attempt(variable, parse, None)
         if found is None or known_ids is None:
             return found
+        import fnmatch
+
         kept = []
         for pattern in found:
             if not is_glob(pattern) and pattern not in known_ids:
@@ -414,6 +427,8 @@ def check_known(settings: Settings, known_ids: Sequence[str]) -> list[str]:
 
     Returns warnings for globs that match nothing: harmless, but likely a typo.
     """
+    import fnmatch
+
     warnings = []
     for variable, patterns in ((ENABLE, settings.enable or ()), (DISABLE, settings.disable), (FORCE, settings.force)):
         for pattern in patterns:

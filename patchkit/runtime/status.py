@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from enum import Enum
 from types import MappingProxyType
-from typing import Any, Mapping, NamedTuple
+
+from .records import Record
+
+TYPE_CHECKING = False  # `typing` is not imported at start-up
+if TYPE_CHECKING:
+    from typing import Any, Mapping
 
 
 class State(str, Enum):
@@ -45,7 +50,7 @@ class Reason(str, Enum):
     CODE_IDENTICAL = "code_identical"
 
 
-class PatchStatus(NamedTuple):
+class PatchStatus(Record):
     """One patch's state in this process."""
 
     id: str

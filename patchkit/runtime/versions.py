@@ -1,9 +1,9 @@
 """Which upstream versions are installed, and which variant of a patch they select.
 
 Resolution is lazy about cost: a distribution whose import package cannot be found is "not
-installed" without reading any metadata. Versions come from the distribution's metadata through
-:mod:`.distinfo` (``importlib.metadata``'s answer without its import cost, falling back to it where
-needed) and are compared with :mod:`.pep440` (``packaging``'s rules without its import cost).
+installed" without reading any metadata. Versions are found by :mod:`.installed` (from the
+distribution's metadata through :mod:`.distinfo`: ``importlib.metadata``'s answer without its import
+cost) and are compared with :mod:`.pep440` (``packaging``'s rules without its import cost).
 
 Pre-releases: a specifier is evaluated with pre-releases allowed, and PEP 440's bound rules decide
 the rest: ``0.48.0rc1`` is outside both ``<0.48`` and ``>=0.48``. Ranges that should hold a
@@ -13,50 +13,33 @@ range holds is "beyond the range" like any newer release, and code identity can 
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
 from enum import Enum
-from importlib.machinery import (
-    ExtensionFileLoader,
-    ModuleSpec,
-    PathFinder,
-    SourceFileLoader,
-    SourcelessFileLoader,
-)
-from typing import TYPE_CHECKING, Any, Mapping, NamedTuple
 
-from . import distinfo, pep440
+from . import installed, pep440
 from .errors import DeclarationError
 from .pep440 import SpecifierSet, Version
+from .records import Record
 
+TYPE_CHECKING = False  # `typing` is not imported at start-up
 if TYPE_CHECKING:  # declarations are made when a patch needs one, not at start-up
+    from typing import Any, Mapping
+
     from .declaration import Patch, Variant
 
 
 class Availability(Enum):
-    INSTALLED = "installed"
-    MISSING = "missing"
+    INSTALLED = installed.INSTALLED
+    MISSING = installed.MISSING
     #: Installed without metadata and not imported yet: its ``__version__`` is read on import.
-    DEFERRED = "deferred"
+    DEFERRED = installed.DEFERRED
 
 
-class InstalledVersion(NamedTuple):
+class InstalledVersion(Record):
     availability: Availability
     version: "Version | None" = None
     raw: str | None = None
     #: The module whose import resolves a DEFERRED version.
     module: str | None = None
-
-
-def _top_level_findable(module: str) -> bool:
-    top = module.partition(".")[0]
-    if top in sys.modules:
-        return True
-    try:
-        return importlib.util.find_spec(top) is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def _parse(raw: str) -> "Version | None":
@@ -67,71 +50,19 @@ def _parse(raw: str) -> "Version | None":
 
 
 def installed_version(distribution: str, module: str | None = None) -> InstalledVersion:
-    """Find the installed version of ``distribution``.
-
-    ``module`` is its import package: if it cannot be found the distribution is missing (cheap).
-    Without distribution metadata (a source checkout on ``sys.path``), the module's ``__version__``
-    is used once the module is imported; patchkit never imports it to find out.
-    """
-    if module is not None and not _top_level_findable(module):
-        return InstalledVersion(Availability.MISSING)
-    raw = distinfo.version(distribution)
-    if raw is None and module is not None:
-        imported = sys.modules.get(module)
-        if imported is None:
-            if _module_findable(module):
-                return InstalledVersion(Availability.DEFERRED, module=module)
-            return InstalledVersion(Availability.MISSING)
-        raw = getattr(imported, "__version__", None)
-        if raw is None:
-            package_info = sys.modules.get(f"{module}.package_info")
-            raw = getattr(package_info, "__version__", None)
-    if raw is None:
-        return InstalledVersion(Availability.MISSING)
-    return InstalledVersion(Availability.INSTALLED, _parse(str(raw)), str(raw))
+    """Find the installed version of ``distribution`` (see :func:`.installed.find`), parsed."""
+    availability, raw = installed.find(distribution, module)
+    return from_found(availability, raw, module)
 
 
-def _module_findable(module: str) -> bool:
-    """Whether ``module`` can be imported, without importing it or its parents.
-
-    ``importlib.util.find_spec("a.b")`` imports ``a`` (running its ``__init__``: all of vLLM's, say).
-    Here each level is looked up in its parent's folders instead: the package's own folder, or every
-    folder of a namespace package. Where the top level comes from a finder other than the path
-    finder (an editable install's mapping finder), those folders may not tell, and the parents are
-    imported as before.
-    """
-    parts = module.split(".")
-    try:
-        spec = importlib.util.find_spec(parts[0])
-        if spec is None or len(parts) == 1:
-            return spec is not None
-        if spec.submodule_search_locations is None:
-            return False
-        if not _path_based(spec):
-            return importlib.util.find_spec(module) is not None
-        folders = list(spec.submodule_search_locations)
-        for depth in range(1, len(parts)):
-            try:
-                child = PathFinder.find_spec(".".join(parts[: depth + 1]), folders)
-                found = child is not None
-                is_package = child is not None and child.submodule_search_locations is not None
-            except KeyError:  # a namespace portion: its path object looks up the parent, not imported
-                found = is_package = True
-            if not found or depth == len(parts) - 1:
-                return found
-            if not is_package:
-                return False  # a module: it has no children
-            folders = [os.path.join(folder, parts[depth]) for folder in folders
-                       if os.path.isdir(os.path.join(folder, parts[depth]))]
-        return False
-    except (ImportError, ValueError):
-        return False
-
-
-def _path_based(spec: ModuleSpec) -> bool:
-    """Whether ``spec`` was found on ``sys.path`` (a source or namespace package), so its children are too."""
-    namespace = spec.origin is None and spec.submodule_search_locations is not None
-    return namespace or isinstance(spec.loader, (SourceFileLoader, SourcelessFileLoader, ExtensionFileLoader))
+def from_found(availability: str, raw: str | None, module: str | None) -> InstalledVersion:
+    """The :class:`InstalledVersion` of what :func:`.installed.find` answered."""
+    if availability == installed.INSTALLED:
+        assert raw is not None
+        return InstalledVersion(Availability.INSTALLED, _parse(raw), raw)
+    if availability == installed.DEFERRED:
+        return InstalledVersion(Availability.DEFERRED, module=module)
+    return InstalledVersion(Availability.MISSING)
 
 
 #: Parsed specifier sets, and which versions they hold: a catalogue repeats the same few ranges in
@@ -172,7 +103,7 @@ class Outcome(Enum):
     UNSUPPORTED = "unsupported"
 
 
-class Selection(NamedTuple):
+class Selection(Record):
     outcome: Outcome
     variant: Variant | None = None
     #: For UNSUPPORTED: the variant nearest the installed versions, which PATCHKIT_FORCE applies.

@@ -3,9 +3,11 @@
 Start-up must not grow with the catalogue nor pay for what only an install, a problem or tooling
 needs: ``logging`` (nothing can hear a record before it is imported), the declarations (read from
 the index as plain data), ``importlib.metadata`` (versions are read from the metadata files), and
-the close-match search of a misspelled name and the helpers of implementation modules. (What an
-install needs in a post-import hook is imported at start-up: a first import there could wait on a
-module lock another thread holds.)
+the close-match search of a misspelled name and the helpers of implementation modules. Nor the
+engine: the first ``apply_all()`` settles every patch from the index (switched off, not installed,
+or waiting for its upstream's code) and the engine is built when a target module is imported or
+something asks for it; nor ``typing``, ``re``, ``threading`` or ``weakref``, which a bare
+interpreter does not import and which cost start-up milliseconds.
 """
 
 from __future__ import annotations
@@ -19,7 +21,19 @@ import textwrap
 #: Modules start-up must not import, each for the reason in the module doc.
 NOT_AT_STARTUP = ("logging", "importlib.metadata", "difflib", "patchkit.runtime.declaration",
                   "patchkit.patches._index_declarations", "patchkit.runtime.installer", "patchkit.runtime.drift",
-                  "patchkit.runtime.probing")
+                  "patchkit.runtime.probing", "patchkit.runtime.engine", "patchkit.runtime.entries",
+                  "patchkit.runtime.jobs", "patchkit.runtime.decision", "patchkit.runtime.catalogue",
+                  "patchkit.runtime.versions", "patchkit.runtime.pep440")
+#: Standard-library modules a bare interpreter does not import and patchkit's start-up must not add.
+STDLIB_NOT_ADDED = ("typing", "re", "threading", "weakref", "contextlib", "fnmatch", "logging")
+#: Every module of patchkit that start-up imports: the index reader, the settled states, the hooks.
+AT_STARTUP = sorted([
+    "patchkit", "patchkit._version", "patchkit.runtime", "patchkit.runtime.distinfo", "patchkit.runtime.errors",
+    "patchkit.runtime.forking", "patchkit.runtime.hooks", "patchkit.runtime.import_watch", "patchkit.runtime.index",
+    "patchkit.runtime.installed", "patchkit.runtime.logs", "patchkit.runtime.process_engine",
+    "patchkit.runtime.records", "patchkit.runtime.settings", "patchkit.runtime.settle", "patchkit.runtime.status",
+    "patchkit.patches", "patchkit.patches._index",
+])
 
 
 def _run(code: str) -> dict:
@@ -41,6 +55,35 @@ def test_apply_all_imports_no_logging_declarations_or_metadata_while_no_target_i
         print(json.dumps({"loaded": loaded, "patches": len(statuses)}))
     """ % (NOT_AT_STARTUP,))
     assert found["loaded"] == [] and found["patches"] > 0
+
+
+def test_start_up_imports_the_index_reader_and_the_hooks_and_builds_no_engine():
+    found = _run("""
+        import json, sys
+        bare = set(sys.modules)
+        import patchkit
+        statuses = patchkit.apply_all()
+        from patchkit.runtime import process_engine
+        added = sorted(set(sys.modules) - bare)
+        print(json.dumps({"own": [m for m in added if m.startswith("patchkit")], "added": added,
+                          "built": process_engine._engine is not None, "patches": len(statuses)}))
+    """)
+    assert found["own"] == AT_STARTUP
+    assert [m for m in STDLIB_NOT_ADDED if m in found["added"]] == []
+    assert found["built"] is False and found["patches"] > 0
+
+
+def test_the_public_names_are_served_on_first_use():
+    found = _run("""
+        import json, sys
+        import patchkit
+        patchkit.apply_all()
+        names = {name: getattr(patchkit, name).__module__ for name in ("Engine", "Registered", "Patch", "ConfigError")}
+        print(json.dumps({"names": names, "all": sorted(n for n in patchkit.__all__ if not hasattr(patchkit, n))}))
+    """)
+    assert found["names"] == {"Engine": "patchkit.runtime.engine", "Registered": "patchkit.runtime.catalogue",
+                              "Patch": "patchkit.runtime.declaration", "ConfigError": "patchkit.runtime.errors"}
+    assert found["all"] == []
 
 
 def test_the_patchkit_logger_gets_its_null_handler_when_logging_is_imported_later():

@@ -280,7 +280,7 @@ def test_a_dotted_version_module_is_looked_up_without_importing_its_parents(tmp_
     ``__init__`` to find out (for ``vllm.x`` that would be all of vLLM at start-up)."""
     import sys
 
-    from patchkit.runtime.versions import _module_findable
+    from patchkit.runtime.installed import _module_findable
 
     heavy = tmp_path / "pk_heavy_parent"
     (heavy / "sub").mkdir(parents=True)
@@ -304,13 +304,13 @@ def test_a_dotted_version_module_is_looked_up_without_importing_its_parents(tmp_
 def test_one_pass_reads_each_distributions_version_once_and_the_next_pass_reads_it_again(
         engine, make_upstream, monkeypatch):
     # Start-up: most patches of a family ask for the same distribution, each answer a sys.path search.
-    from patchkit.runtime import entries
+    from patchkit.runtime import installed
 
     up = make_upstream("2.0")
     engine.register_all([two_variant_patch(up)._replace(id=f"toy.forward{n}") for n in range(5)])
     asked: list[str] = []
-    real = entries.installed_version
-    monkeypatch.setattr(entries, "installed_version", lambda dist, module: asked.append(dist) or real(dist, module))
+    real = installed.find
+    monkeypatch.setattr(installed, "find", lambda dist, module: asked.append(dist) or real(dist, module))
     engine.apply_all()
     assert asked == [up.name]
     engine.revert_all()
