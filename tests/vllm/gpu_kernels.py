@@ -24,6 +24,7 @@ import pytest
 import torch
 from moe_helpers import load_experts_by_mapping
 from nvfp4_helpers import dequantize, export_nvfp4, items, process_weights_after_loading
+from vllm_fixtures import installed  # noqa: F401  (the GPU tests import it from here)
 
 HIDDEN, INTERMEDIATE, EXPERTS, TOP_K = 256, 512, 4, 2
 MOE_INTERMEDIATE = 256
@@ -37,16 +38,6 @@ GPU = [
 ]
 
 Outputs = tuple[torch.Tensor, ...]
-
-
-@contextlib.contextmanager
-def installed(*patch_ids: str) -> Iterator[None]:
-    """``patch_ids`` applied through patchkit (each must install), reverted on exit."""
-    import patchkit
-
-    with patchkit.applied(*patch_ids) as records:
-        assert all(record.state.installed for record in records), [r.to_dict() for r in records]
-        yield
 
 
 def capture(forward: Callable[[], Outputs]) -> tuple[torch.cuda.CUDAGraph, Outputs]:

@@ -6,10 +6,10 @@ run vLLM's NVFP4 emulation and stand in for Marlin's CUDA repack; here nothing i
 processes the llm-compressor checkpoints (``nvfp4-pack-quantized``, W4A4 and W4A16) as it does on this
 GPU and serves them with the kernels it picks. That includes the W4A16 fused MoE (``NVFP4A16`` on an MoE
 model, verl's W4A16 QAT), which vLLM cannot build on CPU. The layers and checkpoints are the
-self-check's (``ct_nvfp4_helpers``) at sizes Marlin takes. ``gpu_kernels.refits_under_a_captured_graph``
-drives it: a dummy start, a CUDA graph captured, refits of two checkpoints alternating, each equal bit
-for bit to vLLM's own first load (kernel tensors and served outputs), addresses kept, and a failed refit
-leaving the graph on the old weights.
+self-check's (``refit._checks._ct_nvfp4_checkpoint``) at sizes Marlin takes.
+``gpu_kernels.refits_under_a_captured_graph`` drives it: a dummy start, a CUDA graph captured, refits
+of two checkpoints alternating, each equal bit for bit to vLLM's own first load (kernel tensors and
+served outputs), addresses kept, and a failed refit leaving the graph on the old weights.
 """
 
 from __future__ import annotations
@@ -19,13 +19,19 @@ import logging
 from collections.abc import Iterator
 
 import pytest
-from ct_nvfp4_helpers import EXPERTS, CtLinears, CtMoe, linear_checkpoint, moe_checkpoint
 from gpu_kernels import (
     GPU,
     forward_of,
     installed,
     quant_method_in_use,
     refits_under_a_captured_graph,
+)
+from patchkit.patches.vllm.refit._checks._ct_nvfp4_checkpoint import (
+    EXPERTS,
+    CtLinears,
+    CtMoe,
+    linear_checkpoint,
+    moe_checkpoint,
 )
 
 pytestmark = [

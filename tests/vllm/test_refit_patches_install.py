@@ -35,7 +35,7 @@ import vllm_cpu_harness
 vllm_cpu_harness.select_cpu_platform()
 from patchkit.patches.vllm._checks._cpu_stand_in import cpu_nvfp4_kernels
 from patchkit.patches.vllm.refit import refit_weights
-from ct_nvfp4_helpers import CtLinears, linear_checkpoint
+from patchkit.patches.vllm.refit._checks._ct_nvfp4_checkpoint import CtLinears, linear_checkpoint
 from nvfp4_helpers import dummy_started
 
 result = {{}}
