@@ -144,6 +144,22 @@ class Toy:
         assert sys.modules[self.late].thing() == "late", at
         assert all(r.state is State.REVERTED for r in engine.status()), (at, engine.status())
 
+    def assert_recovered_from_apply(self, engine: Engine, at: object) -> None:
+        """After an apply interrupted at ``at``: no patch half-installed, a retry applies every patch, and
+        reverting then restores every target."""
+        self.assert_consistent(engine, at)
+        self.apply(engine)  # the retry
+        engine.apply_all()
+        self.assert_all_applied(engine, at)
+        engine.revert_all()
+        self.assert_all_reverted(engine, at)
+
+    def assert_recovered_from_revert(self, engine: Engine, at: object) -> None:
+        """After a revert interrupted at ``at``: no patch half-reverted, and a retry restores every target."""
+        self.assert_consistent(engine, at)
+        engine.revert_all()  # the retry
+        self.assert_all_reverted(engine, at)
+
     def swept(self, action: Callable[[], None]) -> tuple[str, ...] | None:
         """The files whose lines a sweep interrupts: every file for a real signal, else see PATCHKIT_ROOT."""
         return (PATCHKIT_ROOT, str(self.up.root)) if action is raise_keyboard_interrupt else None
@@ -267,12 +283,7 @@ def sweep_apply(toy: Toy, action: Callable[[], None], step: int = 1) -> int:
         interrupted += raised is not None
         point = f"{shown(at)} ({where(raised)})"
         del raised, tracer
-        toy.assert_consistent(engine, point)
-        toy.apply(engine)  # the retry
-        engine.apply_all()
-        toy.assert_all_applied(engine, point)
-        engine.revert_all()
-        toy.assert_all_reverted(engine, point)
+        toy.assert_recovered_from_apply(engine, point)
     return interrupted
 
 
@@ -291,9 +302,7 @@ def sweep_revert(toy: Toy, action: Callable[[], None], step: int = 1) -> int:
         interrupted += raised is not None
         point = f"{shown(at)} ({where(raised)})"
         del raised, tracer
-        toy.assert_consistent(engine, point)
-        engine.revert_all()  # the retry
-        toy.assert_all_reverted(engine, point)
+        toy.assert_recovered_from_revert(engine, point)
     return interrupted
 
 
@@ -343,12 +352,7 @@ def timed_apply(toy: Toy, signum: int, runs: int = 300) -> int:
         interrupted += raised is not None
         point = f"run {run} ({where(raised)})"
         del raised
-        toy.assert_consistent(engine, point)
-        toy.apply(engine)
-        engine.apply_all()
-        toy.assert_all_applied(engine, point)
-        engine.revert_all()
-        toy.assert_all_reverted(engine, point)
+        toy.assert_recovered_from_apply(engine, point)
         engine = next(engines)
     return interrupted
 
@@ -366,9 +370,7 @@ def timed_revert(toy: Toy, signum: int, runs: int = 300) -> int:
         interrupted += raised is not None
         point = f"run {run} ({where(raised)})"
         del raised
-        toy.assert_consistent(engine, point)
-        engine.revert_all()
-        toy.assert_all_reverted(engine, point)
+        toy.assert_recovered_from_revert(engine, point)
         engine = toy.fresh_engine()
         toy.apply(engine)
     return interrupted
