@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
-import json
 import logging
 import os
 import subprocess
@@ -18,6 +17,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from fresh_process import last_printed
 
 from patchkit import Engine, Reason, State
 from patchkit.matrix import catalogue_index
@@ -364,10 +364,7 @@ def test_apply_all_imports_no_module_of_an_upstream_that_is_not_installed_yet_st
         pytest.skip("vLLM is installed in this environment")
     except importlib.metadata.PackageNotFoundError:
         pass
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PATCHKIT_")}
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
-    assert result.returncode == 0, result.stderr
-    found = json.loads(result.stdout)
+    found = last_printed(code, without=("PATCHKIT_",), timeout=120, check=True)
     assert found["vllm"] == []
     assert found["declarations"] == []  # nothing of the catalogue is imported here: no upstream is
     scanned, _ = catalogue.scan()

@@ -53,5 +53,5 @@ RACE = textwrap.dedent('''
 
 @pytest.mark.slow
 def test_token_dispatcher_imported_in_another_thread_during_apply_all_ends_applied():
-    seen = last_printed(RACE, without=("PATCHKIT_",), timeout=900, options=("-W", "ignore"))
+    seen = last_printed(RACE, without=("PATCHKIT_",), timeout=900, options=("-W", "ignore"), check=True)
     assert seen == {"in_flight": True, "state": "applied", "error": None, "installed": True}
