@@ -63,7 +63,11 @@ def thing():
     return "late"
 '''
 
-pytestmark = pytest.mark.skipif(sys.gettrace() is not None, reason="the sweep needs the trace hook to itself")
+pytestmark = [
+    pytest.mark.skipif(sys.gettrace() is not None, reason="the sweep needs the trace hook to itself"),
+    # These tests are about what a Ctrl-C does (the children they start run it too).
+    pytest.mark.usefixtures("python_sigint_handler"),
+]
 
 
 class Toy:
@@ -576,18 +580,3 @@ def test_an_interrupt_as_the_import_hook_begins_does_not_leave_the_module_import
     assert not late.__spec__._initializing
     toy.assert_all_applied(engine, "after the retry")
     engine.revert_all()
-
-
-@pytest.fixture(autouse=True)
-def _python_sigint_handler() -> Iterator[None]:
-    """Python's own SIGINT handler for every test, whatever the process started with.
-
-    A process started in the background by a non-interactive shell begins with SIGINT ignored, and
-    Python keeps it so: these tests are about what a Ctrl-C does, so they install the handler an
-    interactive Python has (the children they start run this fixture too).
-    """
-    previous = _signal.signal(_signal.SIGINT, _signal.default_int_handler)
-    try:
-        yield
-    finally:
-        _signal.signal(_signal.SIGINT, previous)

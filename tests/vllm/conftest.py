@@ -8,7 +8,6 @@ abort ``pytest tests/vllm`` instead.
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -70,12 +69,6 @@ def fp8_refit_patch(cpu_fp8_ops: None) -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True)
-def sigint_raises() -> Iterator[None]:
-    """Python's own SIGINT handler for every test, even where the test process started with SIGINT
-    ignored (a background job of a non-interactive shell starts so, and Python then leaves it
-    ignored): the refit's signal tests send real SIGINTs."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
+def sigint_raises(python_sigint_handler: None) -> None:
+    """Python's own SIGINT handler for every test here (``python_sigint_handler``): the refit's signal
+    tests send real SIGINTs."""
