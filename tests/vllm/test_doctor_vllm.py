@@ -127,22 +127,27 @@ def test_refit_round_trip_check_is_verified(patch_id):
 @pytest.mark.parametrize(("patch_id", "reported"), [
     pytest.param(FP8, ("refit with a second checkpoint of vLLM's FP8 linear layers: expected the layers take "
                        "the new weights, found RefitError",),
-                 marks=pytest.mark.breaks("vllm.fp8_refit")),
+                 marks=pytest.mark.breaks("vllm.fp8_refit"),
+                 id="vllm.fp8_refit"),
     pytest.param(CT_NVFP4, ("refit with a second checkpoint of vLLM's compressed-tensors NVFP4 linear layers: "
                             "expected the layers take the new weights, found RefitError",
                             "processed before patchkit recorded it"),
-                 marks=pytest.mark.breaks("vllm.compressed_tensors_nvfp4_refit")),
+                 marks=pytest.mark.breaks("vllm.compressed_tensors_nvfp4_refit"),
+                 id="vllm.compressed_tensors_nvfp4_refit"),
     pytest.param(CT_NVFP4_MOE, ("refit with a second checkpoint of vLLM's compressed-tensors NVFP4 moe layers: "
                                 "expected the layers take the new weights, found RefitError",
                                 "processed before patchkit recorded it"),
-                 marks=pytest.mark.breaks("vllm.compressed_tensors_nvfp4_moe_refit")),
+                 marks=pytest.mark.breaks("vllm.compressed_tensors_nvfp4_moe_refit"),
+                 id="vllm.compressed_tensors_nvfp4_moe_refit"),
     pytest.param("vllm.mxfp4_moe_refit", ("refit with a second checkpoint of vLLM's MXFP4 MoE layer: expected "
                                           "the layer takes the new weights, found RefitError",),
-                 marks=pytest.mark.breaks("vllm.mxfp4_moe_refit")),
+                 marks=pytest.mark.breaks("vllm.mxfp4_moe_refit"),
+                 id="vllm.mxfp4_moe_refit"),
     pytest.param("vllm.mxfp8_refit", ("refit with a second checkpoint of vLLM's ModelOpt MXFP8 fused-MoE layer: "
                                       "expected the layer takes the new weights, found RefitError",
                                       "processed before patchkit recorded it"),
-                 marks=pytest.mark.breaks("vllm.mxfp8_refit")),
+                 marks=pytest.mark.breaks("vllm.mxfp8_refit"),
+                 id="vllm.mxfp8_refit"),
 ])
 def test_refit_round_trip_check_fails_with_upstreams_layer_methods(patch_id, reported):
     with patchkit.applied(patch_id), upstream_behaviour(patch_id):
