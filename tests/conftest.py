@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 
 import pytest
@@ -14,6 +15,21 @@ def no_patchkit_switches(monkeypatch: pytest.MonkeyPatch) -> None:
     """The switches that choose what applies (PATCHKIT_DISABLE, _ENABLE, _STRICT, _FORCE, _LOG_LEVEL) unset."""
     for name in ("PATCHKIT_DISABLE", "PATCHKIT_ENABLE", "PATCHKIT_STRICT", "PATCHKIT_FORCE", "PATCHKIT_LOG_LEVEL"):
         monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def python_sigint_handler() -> Iterator[None]:
+    """Python's own SIGINT handler for the test, whatever the process started with; the previous one after.
+
+    A process started in the background by a non-interactive shell begins with SIGINT ignored, and
+    Python keeps it so: tests about what a Ctrl-C does (or that send real SIGINTs) install the handler
+    an interactive Python has.
+    """
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @pytest.fixture

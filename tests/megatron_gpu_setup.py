@@ -8,7 +8,8 @@ collecting on a machine without CUDA (CI) costs nothing and the tests skip throu
   group on an in-memory store (no port), Megatron's parallel state (TP=PP=EP=1) and its CUDA RNG tracker seeded
   (1234); torn down after the test. Skips the test without CUDA.
 * :data:`REQUIRES_TE`: the skip mark for tests that need a real TransformerEngine (its torch
-  extension ``transformer_engine_torch`` built), not ``tests/te_harness.py``'s import stand-in.
+  extension ``transformer_engine_torch`` built), not ``tests/te_harness.py``'s import stand-in;
+  :func:`cuda_and_te_marks`: the marks of a module of such tests on a CUDA GPU.
 * :func:`te_twin`: a local-spec ``GPTModel`` rebuilt on ``get_gpt_layer_with_transformer_engine_spec``
   with the same weights. TE fuses a layer norm into the linear after it, so ``input_layernorm.*``
   is ``self_attention.linear_qkv.layer_norm_*`` and ``pre_mlp_layernorm.*`` (dense MLPs)
@@ -34,6 +35,15 @@ REQUIRES_TE = pytest.mark.skipif(
     or importlib.util.find_spec("transformer_engine_torch") is None,
     reason="needs a real TransformerEngine (transformer_engine_torch)",
 )
+
+
+def cuda_and_te_marks(*more: pytest.MarkDecorator) -> list[pytest.MarkDecorator]:
+    """``pytestmark`` of a module whose tests run TransformerEngine layers on a CUDA GPU: marker ``gpu``,
+    skipped without CUDA or without a real TransformerEngine (:data:`REQUIRES_TE`), then ``more``."""
+    import torch
+
+    return [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+            REQUIRES_TE, *more]
 
 
 @contextlib.contextmanager

@@ -12,10 +12,11 @@ from typing import Sequence
 from patchkit import PatchkitError
 
 
-def _shown(items: Sequence[str], limit: int = 12) -> str:
-    shown = ", ".join(items[:limit])
+def _shown(items: Sequence[str], limit: int = 12, separator: str = ", ") -> str:
+    """The first ``limit`` items, then how many there are in all; "none" for none."""
+    shown = separator.join(items[:limit])
     if len(items) > limit:
-        shown += f", ... ({len(items)} in all)"
+        shown += f"{separator}... ({len(items)} in all)"
     return shown or "none"
 
 
@@ -81,9 +82,7 @@ class QATCalibrationError(PatchkitError, RuntimeError):
 
     def __init__(self, layers: dict[str, str]) -> None:
         self.layers = dict(layers)
-        detail = "; ".join(f"{name}: {why}" for name, why in list(self.layers.items())[:12])
-        if len(self.layers) > 12:
-            detail += f"; ... ({len(self.layers)} in all)"
+        detail = _shown([f"{name}: {why}" for name, why in self.layers.items()], separator="; ")
         super().__init__(
             f"{len(self.layers)} weight quantizer(s) never calibrated, so their NVFP4 per-tensor scale is "
             f"undefined: {detail}. Quantize with patchkit's apply_qat (it calibrates weight amax from the "

@@ -90,14 +90,12 @@ def render(package_name: str = catalogue.CATALOGUE_PACKAGE) -> dict[str, str]:
     index.extend(f"    {folder!r}: {names!r}," for folder, names in listed.items())
     index += ["}", "", "DECLARATIONS = {"]
     data = [DECLARATIONS_HEADER.rstrip("\n"), "", "DECLARATIONS = {"]
+    # One entry per line: a declaration module's summaries, a patch's declaration. A new patch then
+    # adds one line, and neighbouring entries never read as a repeated block of the same shape.
     for relative, patches in modules.items():
-        index.append(f"    {relative!r}: (")
-        index.extend(f"        {catalogue.indexed_summary(catalogue.normalized(patch))!r}," for patch in patches)
-        index.append("    ),")
-        for patch in patches:
-            data.append(f"    {patch.id!r}: (")
-            data.extend(f"        {field!r}," for field in _data(patch))
-            data.append("    ),")
+        summaries = tuple(catalogue.indexed_summary(catalogue.normalized(patch)) for patch in patches)
+        index.append(f"    {relative!r}: {summaries!r},")
+        data.extend(f"    {patch.id!r}: {_data(patch)!r}," for patch in patches)
     index.append("}")
     data.append("}")
     return {f"{catalogue.INDEX_MODULE}.py": "\n".join(index) + "\n",

@@ -35,16 +35,11 @@ import vllm_cpu_harness  # noqa: E402
 vllm_cpu_harness.select_cpu_platform()
 
 from qat_fixtures import cpu_backend  # noqa: E402,F401  (the CPU fake-quant backend fixture)
+from vllm_fixtures import cpu_marlin_layout, nvfp4_refit_patch, vllm_config  # noqa: E402,F401
 
 
 @pytest.fixture(scope="session")
-def vllm_config(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    with vllm_cpu_harness.vllm_cpu_config(tmp_path_factory.mktemp("tiny-llama")) as config:
-        yield config
-
-
-@pytest.fixture(scope="session")
-def stack(vllm_config: object) -> Iterator[object]:
+def stack(vllm_config: object) -> Iterator[object]:  # noqa: F811  (the fixture imported above)
     """vLLM's model-parallel state and Megatron's (TP=PP=EP=1) on the same one-rank gloo group."""
     from megatron.core import parallel_state
     from megatron.core.transformer.moe import moe_utils
@@ -61,18 +56,6 @@ def stack(vllm_config: object) -> Iterator[object]:
         parallel_state.destroy_model_parallel()
 
 
-@pytest.fixture
-def nvfp4_refit_patch(stack: object) -> Iterator[None]:
-    """``vllm.nvfp4_refit`` applied (before any serving layer is built), reverted after."""
-    import patchkit
-
-    with patchkit.applied("vllm.nvfp4_refit") as records:
-        (record,) = records
-        assert record.state.installed, record.to_dict()
-        yield
-
-
-@pytest.fixture
-def cpu_marlin_layout(stack: object) -> Iterator[None]:
-    with vllm_cpu_harness.cpu_marlin_layout():
-        yield
+@pytest.fixture(scope="session")
+def cpu_nvfp4_kernels(stack: object) -> None:
+    """vLLM's NVFP4 kernels on CPU: ``stack`` registers them, on top of Megatron's parallel state."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
-import json
 import logging
 import os
 import subprocess
@@ -18,6 +17,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from fresh_process import last_printed
 
 from patchkit import Engine, Reason, State
 from patchkit.matrix import catalogue_index
@@ -30,13 +30,15 @@ PATCHES = (
     Patch(
         id={id!r}, summary="s", why="w", upstream="u", removal="r", opt_in={opt_in!r},
         version_modules={{{dist!r}: {package!r}}},
-        variants=(
-            Variant(requires={{{dist!r}: ">=1,<2"}}, installs=(Wrap({target!r}, "._impl:{factory}"),)),
-            Variant(requires={{{dist!r}: ">=2"}}, native="upstream does it from 2 on"),
-        ),
+        variants={variants},
     ),
 )
 '''
+#: The variants a toy patch gets unless a test gives its own: ``factory`` wraps ``target`` below 2, native from 2.
+TWO_VARIANTS = '''(
+            Variant(requires={{{dist!r}: ">=1,<2"}}, installs=(Wrap({target!r}, "._impl:{factory}"),)),
+            Variant(requires={{{dist!r}: ">=2"}}, native="upstream does it from 2 on"),
+        )'''
 IMPL = '''
 def plus_100(original):
     def forward(self, x):
@@ -59,15 +61,19 @@ class ToyCatalogue:
         self.folder = root / name / "up"
 
     def declare(self, module: str, patch_id: str, *, factory: str = "plus_100", opt_in: bool = False,
-                target: str | None = None) -> None:
+                target: str | None = None, variants: str | None = None) -> None:
+        """Write declaration module ``module`` with one patch of the toy upstream: ``TWO_VARIANTS``, or
+        ``variants`` (their source, a tuple of ``Variant``)."""
         path = self.folder.joinpath(*module.split(".")).with_suffix(".py")
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.parent != self.folder:
             (path.parent / "__init__.py").touch()
             (path.parent / "_impl.py").write_text(IMPL)
+        if variants is None:
+            variants = TWO_VARIANTS.format(dist=self.upstream.name, factory=factory,
+                                           target=target or self.upstream.target("Model.forward"))
         path.write_text(DECLARATION.format(id=patch_id, opt_in=opt_in, dist=self.upstream.name,
-                                           package=self.upstream.package, factory=factory,
-                                           target=target or self.upstream.target("Model.forward")))
+                                           package=self.upstream.package, variants=variants))
         self.forget()
 
     def remove(self, module: str) -> None:
@@ -240,14 +246,8 @@ def test_apply_all_reads_no_declaration_data_while_no_target_module_is_imported(
 
 def test_a_patch_whose_every_variant_is_native_waits_for_its_upstreams_package_then_is_decided(toy_catalogue):
     up = toy_catalogue.upstream
-    (toy_catalogue.folder / "native_only.py").write_text(textwrap.dedent(f'''
-        from patchkit import Patch, Variant
-        PATCHES = (Patch(
-            id="toy.native_only", summary="s", why="w", upstream="u", removal="r",
-            version_modules={{{up.name!r}: {up.package!r}}},
-            variants=(Variant(requires={{{up.name!r}: ">=1"}}, native="upstream does it"),),
-        ),)
-    '''))
+    toy_catalogue.declare("native_only", "toy.native_only",
+                          variants=f'(Variant(requires={{{up.name!r}: ">=1"}}, native="upstream does it"),)')
     toy_catalogue.write_index()
     engine = toy_catalogue.engine()
     status = {s.id: s for s in engine.apply_all()}["toy.native_only"]
@@ -259,15 +259,9 @@ def test_a_patch_whose_every_variant_is_native_waits_for_its_upstreams_package_t
 
 def test_a_distribution_every_variant_requires_missing_skips_from_the_index_alone(toy_catalogue):
     up = toy_catalogue.upstream
-    (toy_catalogue.folder / "pair_of_dists.py").write_text(textwrap.dedent(f'''
-        from patchkit import Patch, Variant, Wrap
-        PATCHES = (Patch(
-            id="toy.pair_of_dists", summary="s", why="w", upstream="u", removal="r",
-            version_modules={{{up.name!r}: {up.package!r}}},
-            variants=(Variant(requires={{{up.name!r}: ">=1", "not-installed-dist": ">=1"}},
-                              installs=(Wrap({up.target("Model.forward")!r}, "._impl:plus_100"),)),),
-        ),)
-    '''))
+    toy_catalogue.declare("pair_of_dists", "toy.pair_of_dists", variants=(
+        f'(Variant(requires={{{up.name!r}: ">=1", "not-installed-dist": ">=1"}}, '
+        f'installs=(Wrap({up.target("Model.forward")!r}, "._impl:plus_100"),)),)'))
     toy_catalogue.write_index()
     status = {s.id: s for s in toy_catalogue.engine().apply_all()}["toy.pair_of_dists"]
     assert (status.state, status.reason, status.detail) == (State.SKIPPED, Reason.NOT_INSTALLED,
@@ -370,10 +364,7 @@ def test_apply_all_imports_no_module_of_an_upstream_that_is_not_installed_yet_st
         pytest.skip("vLLM is installed in this environment")
     except importlib.metadata.PackageNotFoundError:
         pass
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PATCHKIT_")}
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
-    assert result.returncode == 0, result.stderr
-    found = json.loads(result.stdout)
+    found = last_printed(code, without=("PATCHKIT_",), timeout=120, check=True)
     assert found["vllm"] == []
     assert found["declarations"] == []  # nothing of the catalogue is imported here: no upstream is
     scanned, _ = catalogue.scan()
@@ -384,17 +375,9 @@ def test_apply_all_imports_no_module_of_an_upstream_that_is_not_installed_yet_st
 def test_a_lazily_loaded_patch_installs_all_or_nothing(toy_catalogue):
     """Atomic on the lazy path too: a second target missing upstream leaves the first untouched."""
     up = toy_catalogue.upstream
-    (toy_catalogue.folder / "pair.py").write_text(textwrap.dedent(f'''
-        from patchkit import Patch, Variant, Wrap
-        PATCHES = (Patch(
-            id="toy.pair", summary="s", why="w", upstream="u", removal="r",
-            version_modules={{{up.name!r}: {up.package!r}}},
-            variants=(Variant(requires={{{up.name!r}: ">=1"}}, installs=(
-                Wrap({up.target("Model.forward")!r}, "._impl:plus_100"),
-                Wrap({up.target("Model.no_such_method")!r}, "._impl:plus_100"),
-            )),),
-        ),)
-    '''))
+    toy_catalogue.declare("pair", "toy.pair", variants=(
+        f'(Variant(requires={{{up.name!r}: ">=1"}}, installs=(Wrap({up.target("Model.forward")!r}, "._impl:plus_100"), '
+        f'Wrap({up.target("Model.no_such_method")!r}, "._impl:plus_100"))),)'))
     toy_catalogue.write_index()
     engine = toy_catalogue.engine()
     try:

@@ -63,7 +63,11 @@ def thing():
     return "late"
 '''
 
-pytestmark = pytest.mark.skipif(sys.gettrace() is not None, reason="the sweep needs the trace hook to itself")
+pytestmark = [
+    pytest.mark.skipif(sys.gettrace() is not None, reason="the sweep needs the trace hook to itself"),
+    # These tests are about what a Ctrl-C does (the children they start run it too).
+    pytest.mark.usefixtures("python_sigint_handler"),
+]
 
 
 class Toy:
@@ -143,6 +147,22 @@ class Toy:
         assert "backward" not in self.core.Child.__dict__ and "extra" not in self.core.Model.__dict__, at
         assert sys.modules[self.late].thing() == "late", at
         assert all(r.state is State.REVERTED for r in engine.status()), (at, engine.status())
+
+    def assert_recovered_from_apply(self, engine: Engine, at: object) -> None:
+        """After an apply interrupted at ``at``: no patch half-installed, a retry applies every patch, and
+        reverting then restores every target."""
+        self.assert_consistent(engine, at)
+        self.apply(engine)  # the retry
+        engine.apply_all()
+        self.assert_all_applied(engine, at)
+        engine.revert_all()
+        self.assert_all_reverted(engine, at)
+
+    def assert_recovered_from_revert(self, engine: Engine, at: object) -> None:
+        """After a revert interrupted at ``at``: no patch half-reverted, and a retry restores every target."""
+        self.assert_consistent(engine, at)
+        engine.revert_all()  # the retry
+        self.assert_all_reverted(engine, at)
 
     def swept(self, action: Callable[[], None]) -> tuple[str, ...] | None:
         """The files whose lines a sweep interrupts: every file for a real signal, else see PATCHKIT_ROOT."""
@@ -267,12 +287,7 @@ def sweep_apply(toy: Toy, action: Callable[[], None], step: int = 1) -> int:
         interrupted += raised is not None
         point = f"{shown(at)} ({where(raised)})"
         del raised, tracer
-        toy.assert_consistent(engine, point)
-        toy.apply(engine)  # the retry
-        engine.apply_all()
-        toy.assert_all_applied(engine, point)
-        engine.revert_all()
-        toy.assert_all_reverted(engine, point)
+        toy.assert_recovered_from_apply(engine, point)
     return interrupted
 
 
@@ -291,9 +306,7 @@ def sweep_revert(toy: Toy, action: Callable[[], None], step: int = 1) -> int:
         interrupted += raised is not None
         point = f"{shown(at)} ({where(raised)})"
         del raised, tracer
-        toy.assert_consistent(engine, point)
-        engine.revert_all()  # the retry
-        toy.assert_all_reverted(engine, point)
+        toy.assert_recovered_from_revert(engine, point)
     return interrupted
 
 
@@ -343,12 +356,7 @@ def timed_apply(toy: Toy, signum: int, runs: int = 300) -> int:
         interrupted += raised is not None
         point = f"run {run} ({where(raised)})"
         del raised
-        toy.assert_consistent(engine, point)
-        toy.apply(engine)
-        engine.apply_all()
-        toy.assert_all_applied(engine, point)
-        engine.revert_all()
-        toy.assert_all_reverted(engine, point)
+        toy.assert_recovered_from_apply(engine, point)
         engine = next(engines)
     return interrupted
 
@@ -366,9 +374,7 @@ def timed_revert(toy: Toy, signum: int, runs: int = 300) -> int:
         interrupted += raised is not None
         point = f"run {run} ({where(raised)})"
         del raised
-        toy.assert_consistent(engine, point)
-        engine.revert_all()
-        toy.assert_all_reverted(engine, point)
+        toy.assert_recovered_from_revert(engine, point)
         engine = toy.fresh_engine()
         toy.apply(engine)
     return interrupted
@@ -576,18 +582,3 @@ def test_an_interrupt_as_the_import_hook_begins_does_not_leave_the_module_import
     assert not late.__spec__._initializing
     toy.assert_all_applied(engine, "after the retry")
     engine.revert_all()
-
-
-@pytest.fixture(autouse=True)
-def _python_sigint_handler() -> Iterator[None]:
-    """Python's own SIGINT handler for every test, whatever the process started with.
-
-    A process started in the background by a non-interactive shell begins with SIGINT ignored, and
-    Python keeps it so: these tests are about what a Ctrl-C does, so they install the handler an
-    interactive Python has (the children they start run this fixture too).
-    """
-    previous = _signal.signal(_signal.SIGINT, _signal.default_int_handler)
-    try:
-        yield
-    finally:
-        _signal.signal(_signal.SIGINT, previous)

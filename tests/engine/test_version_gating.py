@@ -155,17 +155,23 @@ def test_overlapping_variants_are_a_declaration_error(engine, make_upstream):
 MATRIX = "schema: 1\nenvironments:\n  toy:\n    install: []\n    tests: [tests/engine]\n"
 
 
-def _recorded(tmp_path, patch, up):
-    """compat_matrix.yaml as `patchkit matrix record --env toy` writes it with ``up`` installed."""
+#: An edit of the toy upstream's ``Model.forward``: a release with it is not the code that was recorded.
+FORWARD_CHANGED = ("return x + 1", "return x + 2")
+
+
+def _recorded(make_upstream, tmp_path, name):
+    """Toy upstream ``name`` 2.5 (in the patch's last range), and compat_matrix.yaml as `patchkit matrix
+    record --env toy` writes it with that release installed."""
     from patchkit.matrix.record import record
     from patchkit.matrix.schema import parse
     from patchkit.matrix.writer import replace_patches
     from patchkit.runtime.catalogue import Registered
 
-    matrix = record(parse(MATRIX), [Registered(patch, None)], "toy")
+    verified = make_upstream("2.5", name=name)
+    matrix = record(parse(MATRIX), [Registered(two_variant_patch(verified), None)], "toy")
     path = tmp_path / "compat_matrix.yaml"
     path.write_text(replace_patches(MATRIX, matrix.patches))
-    return path
+    return verified, path
 
 
 def _engine(patch, matrix):
@@ -178,8 +184,7 @@ def _engine(patch, matrix):
 
 @pytest.mark.parametrize("version", ["3.0", "3.7.1", "3.0.0rc1", "4.0.0.dev2"])
 def test_a_release_past_every_range_with_identical_code_applies_as_code_identical(make_upstream, tmp_path, version):
-    verified = make_upstream("2.5", name="toyup-ident")
-    matrix = _recorded(tmp_path, two_variant_patch(verified), verified)
+    verified, matrix = _recorded(make_upstream, tmp_path, "toyup-ident")
     up = make_upstream(version, like=verified)
     engine = _engine(two_variant_patch(up), matrix)
     try:
@@ -196,9 +201,8 @@ def test_a_release_past_every_range_with_identical_code_applies_as_code_identica
 
 
 def test_a_changed_target_keeps_a_release_past_every_range_skipped_and_names_it(make_upstream, tmp_path) -> None:
-    verified = make_upstream("2.5", name="toyup-changed")
-    matrix = _recorded(tmp_path, two_variant_patch(verified), verified)
-    up = make_upstream("3.1", like=verified, change=("return x + 1", "return x + 2"))
+    verified, matrix = _recorded(make_upstream, tmp_path, "toyup-changed")
+    up = make_upstream("3.1", like=verified, change=FORWARD_CHANGED)
     engine = _engine(two_variant_patch(up), matrix)
     engine.apply_all()
     core = up.import_core()
@@ -211,9 +215,8 @@ def test_a_changed_target_keeps_a_release_past_every_range_skipped_and_names_it(
 def test_strict_mode_raises_for_a_changed_release_and_force_still_forces(make_upstream, tmp_path) -> None:
     from patchkit import UnsupportedVersionError
 
-    verified = make_upstream("2.5", name="toyup-strict")
-    matrix = _recorded(tmp_path, two_variant_patch(verified), verified)
-    up = make_upstream("3.1", like=verified, change=("return x + 1", "return x + 2"))
+    verified, matrix = _recorded(make_upstream, tmp_path, "toyup-strict")
+    up = make_upstream("3.1", like=verified, change=FORWARD_CHANGED)
     engine = _engine(two_variant_patch(up), matrix)
     up.import_core()
     with pytest.raises(UnsupportedVersionError) as caught:
@@ -226,8 +229,7 @@ def test_strict_mode_raises_for_a_changed_release_and_force_still_forces(make_up
 
 
 def test_code_identity_needs_records_and_never_fills_a_gap_between_ranges(make_upstream, tmp_path) -> None:
-    verified = make_upstream("2.5", name="toyup-gap")
-    matrix = _recorded(tmp_path, two_variant_patch(verified), verified)
+    verified, matrix = _recorded(make_upstream, tmp_path, "toyup-gap")
     # no records at all (the shipped index knows no toy patch): known before anything is imported
     up = make_upstream("3.1", name="toyup-norecord")
     (record,) = _engine(two_variant_patch(up), None).apply_all()

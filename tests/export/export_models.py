@@ -14,6 +14,14 @@ import torch
 
 VOCAB = 128
 SEQ = 16
+#: The two-rank layouts every distributed export test runs (on gloo ranks and on two GPUs): the
+#: parallel sizes ``dist_worker.run`` builds the model with, and whether it has MoE layers.
+PARALLEL_LAYOUTS: dict[str, tuple[dict[str, int], bool]] = {
+    "tp2-moe": ({"tp": 2}, True),
+    "tp2-dense": ({"tp": 2}, False),
+    "ep2-moe": ({"ep": 2}, True),
+    "pp2-moe": ({"pp": 2}, True),
+}
 
 
 def build_gpt(moe: bool, *, mtp: bool = False, dtype: torch.dtype = torch.float32, seed: int = 0, **overrides: Any):

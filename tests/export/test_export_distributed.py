@@ -12,21 +12,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from export_models import build_gpt, full_state, qat
+from export_models import PARALLEL_LAYOUTS, build_gpt, full_state, qat
 from patchkit.patches.modelopt.qat import export_qat_config, export_qat_weights
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _multiprocess import rendezvous, spawn_ranks  # noqa: E402
 
-LAYOUTS = [
-    pytest.param({"tp": 2}, True, id="tp2-moe"),
-    pytest.param({"tp": 2}, False, id="tp2-dense"),
-    pytest.param({"ep": 2}, True, id="ep2-moe"),
-    pytest.param({"pp": 2}, True, id="pp2-moe"),
-]
 
-
-@pytest.mark.parametrize("layout,moe", LAYOUTS)
+@pytest.mark.parametrize(("layout", "moe"), list(PARALLEL_LAYOUTS.values()), ids=list(PARALLEL_LAYOUTS))
 def test_parallel_export_equals_single_rank_export(megatron_cpu, cpu_backend, tmp_path, layout, moe):
     import dist_worker
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 from _multiprocess import rendezvous, spawn_ranks
-from export_models import build_gpt, full_state, qat
+from export_models import PARALLEL_LAYOUTS, build_gpt, full_state, qat
 from patchkit.patches.modelopt.qat import export_qat_config, export_qat_weights
 
 pytestmark = [
@@ -23,15 +23,7 @@ pytestmark = [
     pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs"),
 ]
 
-LAYOUTS = [
-    pytest.param({"tp": 2}, True, id="tp2-moe"),
-    pytest.param({"tp": 2}, False, id="tp2-dense"),
-    pytest.param({"ep": 2}, True, id="ep2-moe"),
-    pytest.param({"pp": 2}, True, id="pp2-moe"),
-]
-
-
-@pytest.mark.parametrize(("layout", "moe"), LAYOUTS)
+@pytest.mark.parametrize(("layout", "moe"), list(PARALLEL_LAYOUTS.values()), ids=list(PARALLEL_LAYOUTS))
 def test_two_gpu_export_equals_one_gpu_export(megatron_gpu, tmp_path, layout, moe):
     import dist_worker
 

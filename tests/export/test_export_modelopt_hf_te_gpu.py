@@ -24,14 +24,11 @@ import os
 
 import pytest
 import torch
-from megatron_gpu_setup import REQUIRES_TE
+from megatron_gpu_setup import cuda_and_te_marks
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-    REQUIRES_TE,
+pytestmark = cuda_and_te_marks(
     pytest.mark.skipif(importlib.util.find_spec("megatron.bridge") is None, reason="needs Megatron-Bridge"),
-]
+)
 
 
 def _amax_quotients(model) -> dict[str, tuple[float, float]]:

@@ -69,16 +69,9 @@ def empty_mtp_tracker() -> Iterator[None]:
 
 
 @pytest.fixture
-def attached_mtp_losses(monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
+def attached_mtp_losses() -> Iterator[list[torch.Tensor]]:
     """Every loss tensor handed to ``MTPLossAutoScaler.apply``, in call order (upstream's or ours)."""
-    from megatron.core.transformer.multi_token_prediction import MTPLossAutoScaler
+    from mtp_loss_reference import recording_attached_losses
 
-    recorded: list[torch.Tensor] = []
-    original_apply = MTPLossAutoScaler.apply
-
-    def recording_apply(output: torch.Tensor, mtp_loss: torch.Tensor) -> torch.Tensor:
-        recorded.append(mtp_loss.detach().clone())
-        return original_apply(output, mtp_loss)
-
-    monkeypatch.setattr(MTPLossAutoScaler, "apply", recording_apply)
-    return recorded
+    with recording_attached_losses() as recorded:
+        yield recorded

@@ -227,22 +227,15 @@ def tensor_parallel_mtp_rank(rank: int, world_size: int, init_method: str) -> tu
     from cpu_harness import cpu_megatron
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-    from megatron.core.transformer.multi_token_prediction import MTPLossAutoScaler, MTPLossLoggingHelper
+    from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
+    from mtp_loss_reference import recording_attached_losses
     from tiny_gpt import build_tiny_gpt, make_batch
 
     import patchkit
 
     init_rank(rank, world_size, init_method)
-    attached: list[torch.Tensor] = []
-    original_apply = MTPLossAutoScaler.apply
-
-    def recording_apply(output: torch.Tensor, mtp_loss: torch.Tensor) -> torch.Tensor:
-        attached.append(mtp_loss.detach().clone())
-        return original_apply(output, mtp_loss)
-
-    MTPLossAutoScaler.apply = recording_apply
     try:
-        with cpu_megatron():
+        with recording_attached_losses() as attached, cpu_megatron():
             parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
             model_parallel_cuda_manual_seed(1234)
             model = build_tiny_gpt(mtp_num_layers=2, tensor_model_parallel_size=2)
@@ -265,7 +258,6 @@ def tensor_parallel_mtp_rank(rank: int, world_size: int, init_method: str) -> tu
             parallel_state.destroy_model_parallel()
             return equal, head_grads["detached"], head_grads["trained"] > 0, mtp_trained
     finally:
-        MTPLossAutoScaler.apply = original_apply
         torch.distributed.destroy_process_group()
 
 

@@ -1,4 +1,5 @@
-"""The MTP loss reference case shared by ``make_mtp_loss_fixture.py`` and ``test_mtp_loss_normalisation.py``.
+"""The MTP loss reference case shared by ``make_mtp_loss_fixture.py`` and ``test_mtp_loss_normalisation.py``,
+and the recorder of attached MTP losses every MTP test uses.
 
 One set of inputs to ``GPTModel._postprocess`` (decoder + MTP hidden states, output-layer weight,
 labels, a loss mask with holes that rolling moves) and a way to record the MTP losses a

@@ -9,13 +9,10 @@ interpreter, so that megatron-core is imported there for the first time.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from fresh_process import last_printed
 
 pytest.importorskip("megatron.core")
 
@@ -56,9 +53,5 @@ RACE = textwrap.dedent('''
 
 @pytest.mark.slow
 def test_token_dispatcher_imported_in_another_thread_during_apply_all_ends_applied():
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PATCHKIT_")}
-    result = subprocess.run([sys.executable, "-W", "ignore", "-c", RACE], capture_output=True, text=True,
-                            timeout=900, env=env)
-    assert result.returncode == 0, result.stderr
-    seen = json.loads(result.stdout)
+    seen = last_printed(RACE, without=("PATCHKIT_",), timeout=900, options=("-W", "ignore"), check=True)
     assert seen == {"in_flight": True, "state": "applied", "error": None, "installed": True}

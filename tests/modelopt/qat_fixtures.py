@@ -65,6 +65,31 @@ def build_tiny_moe_gpt(mtp_num_layers: int | None = 1, num_experts: int = 4, see
     return GPTModel(config, spec, vocab_size=VOCAB_SIZE, max_sequence_length=SEQ_LEN, mtp_block_spec=mtp_spec)
 
 
+def build_te_gpt(num_experts: int | None, **overrides: Any) -> Any:
+    """A 2-layer hidden-64 GPT on megatron-core's TransformerEngine spec, on the GPU: dense, or with
+    ``num_experts`` SequentialMLP experts (top-2) and an MTP layer. ``overrides`` go to its
+    ``TransformerConfig`` (fp32 parameters unless they say otherwise)."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_layer_with_transformer_engine_spec,
+        get_gpt_mtp_block_spec,
+    )
+    from megatron.core.transformer import TransformerConfig
+
+    kwargs: dict[str, Any] = dict(
+        num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, hidden_dropout=0.0,
+        attention_dropout=0.0, num_moe_experts=num_experts, moe_router_topk=2 if num_experts else None,
+        add_bias_linear=False, mtp_num_layers=1 if num_experts else None, mtp_loss_scaling_factor=0.1,
+        params_dtype=torch.float32,
+    )
+    kwargs.update(overrides)
+    config = TransformerConfig(**kwargs)
+    spec = get_gpt_layer_with_transformer_engine_spec(num_experts=num_experts, moe_grouped_gemm=False)
+    mtp = get_gpt_mtp_block_spec(config, spec, use_transformer_engine=True) if num_experts else None
+    torch.manual_seed(0)
+    return GPTModel(config, spec, vocab_size=VOCAB_SIZE, max_sequence_length=SEQ_LEN, mtp_block_spec=mtp).cuda()
+
+
 @pytest.fixture
 def tiny_moe_gpt(megatron_cpu: None) -> Callable[..., Any]:
     return build_tiny_moe_gpt

@@ -25,36 +25,16 @@ from typing import Any
 
 import pytest
 import torch
-from megatron_gpu_setup import REQUIRES_TE
+from megatron_gpu_setup import cuda_and_te_marks
+from qat_fixtures import build_te_gpt
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-    REQUIRES_TE,
-]
+pytestmark = cuda_and_te_marks()
 
 
-def build_te_gpt(num_experts: int | None, dtype: torch.dtype) -> Any:
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import (
-        get_gpt_layer_with_transformer_engine_spec,
-        get_gpt_mtp_block_spec,
-    )
-    from megatron.core.transformer import TransformerConfig
-    from qat_fixtures import SEQ_LEN, VOCAB_SIZE
-
-    config = TransformerConfig(
-        num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, num_query_groups=2,
-        hidden_dropout=0.0, attention_dropout=0.0, num_moe_experts=num_experts,
-        moe_router_topk=2 if num_experts else None, moe_ffn_hidden_size=64 if num_experts else None,
-        add_bias_linear=False, gated_linear_unit=True, mtp_num_layers=1 if num_experts else None,
-        mtp_loss_scaling_factor=0.1, params_dtype=dtype, bf16=dtype == torch.bfloat16,
-    )
-    spec = get_gpt_layer_with_transformer_engine_spec(num_experts=num_experts, moe_grouped_gemm=False)
-    mtp = get_gpt_mtp_block_spec(config, spec, use_transformer_engine=True) if num_experts else None
-    torch.manual_seed(0)
-    return GPTModel(config, spec, vocab_size=VOCAB_SIZE, max_sequence_length=SEQ_LEN, mtp_block_spec=mtp,
-                    share_embeddings_and_output_weights=False).cuda()
+def build_verl_like_te_gpt(num_experts: int | None, dtype: torch.dtype) -> Any:
+    """GQA, gated MLPs and a narrower expert MLP, in ``dtype``."""
+    return build_te_gpt(num_experts, num_query_groups=2, moe_ffn_hidden_size=64 if num_experts else None,
+                        gated_linear_unit=True, params_dtype=dtype, bf16=dtype == torch.bfloat16)
 
 
 def as_trained(model: Any) -> Any:
@@ -98,7 +78,7 @@ def test_te_spec_export_equals_modelopts_export(megatron_gpu: None, num_experts:
     from patchkit.patches.modelopt.qat import apply_qat, export_qat_weights
     from qat_fixtures import batch
 
-    model = build_te_gpt(num_experts, dtype)
+    model = build_verl_like_te_gpt(num_experts, dtype)
     # Why a bare bf16 GPTModel runs its first TE layer on fp32 input: the learned absolute position
     # embedding is a plain torch.nn.Embedding, made in torch's default dtype whatever params_dtype says,
     # so word (bf16) + position (fp32) embeddings add up to fp32. Megatron's training wraps the model

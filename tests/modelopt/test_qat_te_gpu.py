@@ -10,38 +10,12 @@ on the NVFP4 grid.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import torch
-from megatron_gpu_setup import REQUIRES_TE
+from megatron_gpu_setup import cuda_and_te_marks
+from qat_fixtures import build_te_gpt
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-    REQUIRES_TE,
-]
-
-
-def build_te_gpt(num_experts: int | None) -> Any:
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import (
-        get_gpt_layer_with_transformer_engine_spec,
-        get_gpt_mtp_block_spec,
-    )
-    from megatron.core.transformer import TransformerConfig
-    from qat_fixtures import SEQ_LEN, VOCAB_SIZE
-
-    config = TransformerConfig(
-        num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, hidden_dropout=0.0,
-        attention_dropout=0.0, num_moe_experts=num_experts, moe_router_topk=2 if num_experts else None,
-        add_bias_linear=False, mtp_num_layers=1 if num_experts else None, mtp_loss_scaling_factor=0.1,
-        params_dtype=torch.float32,
-    )
-    spec = get_gpt_layer_with_transformer_engine_spec(num_experts=num_experts, moe_grouped_gemm=False)
-    mtp = get_gpt_mtp_block_spec(config, spec, use_transformer_engine=True) if num_experts else None
-    torch.manual_seed(0)
-    return GPTModel(config, spec, vocab_size=VOCAB_SIZE, max_sequence_length=SEQ_LEN, mtp_block_spec=mtp).cuda()
+pytestmark = cuda_and_te_marks()
 
 
 @pytest.mark.parametrize("num_experts", [None, 4], ids=["dense", "moe"])

@@ -8,7 +8,6 @@ abort ``pytest tests/vllm`` instead.
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -40,33 +39,12 @@ if _VLLM_MISSING is None:
 
     vllm_cpu_harness.select_cpu_platform()
 
-
-@pytest.fixture(scope="session")
-def vllm_config(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    with vllm_cpu_harness.vllm_cpu_config(tmp_path_factory.mktemp("tiny-llama")) as config:
-        yield config
+    from vllm_fixtures import cpu_marlin_layout, installed, nvfp4_refit_patch, vllm_config  # noqa: F401
 
 
 @pytest.fixture(scope="session")
 def cpu_nvfp4_kernels(vllm_config: object) -> Iterator[None]:
     with vllm_cpu_harness.cpu_nvfp4_kernels():
-        yield
-
-
-@pytest.fixture
-def cpu_marlin_layout(cpu_nvfp4_kernels: None) -> Iterator[None]:
-    with vllm_cpu_harness.cpu_marlin_layout():
-        yield
-
-
-@pytest.fixture
-def nvfp4_refit_patch(cpu_nvfp4_kernels: None) -> Iterator[None]:
-    """``vllm.nvfp4_refit`` applied for the test, reverted after."""
-    import patchkit
-
-    with patchkit.applied("vllm.nvfp4_refit") as records:
-        (record,) = records
-        assert record.state.installed, record.to_dict()
         yield
 
 
@@ -86,21 +64,11 @@ def cpu_dynamic_fp8_quant(vllm_config: object) -> Iterator[None]:
 @pytest.fixture
 def fp8_refit_patch(cpu_fp8_ops: None) -> Iterator[None]:
     """``vllm.fp8_refit`` applied for the test, reverted after."""
-    import patchkit
-
-    with patchkit.applied("vllm.fp8_refit") as records:
-        (record,) = records
-        assert record.state.installed, record.to_dict()
+    with installed("vllm.fp8_refit"):
         yield
 
 
 @pytest.fixture(autouse=True)
-def sigint_raises() -> Iterator[None]:
-    """Python's own SIGINT handler for every test, even where the test process started with SIGINT
-    ignored (a background job of a non-interactive shell starts so, and Python then leaves it
-    ignored): the refit's signal tests send real SIGINTs."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
+def sigint_raises(python_sigint_handler: None) -> None:
+    """Python's own SIGINT handler for every test here (``python_sigint_handler``): the refit's signal
+    tests send real SIGINTs."""

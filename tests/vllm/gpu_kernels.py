@@ -18,15 +18,19 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 from collections.abc import Callable, Iterator
 
 import pytest
 import torch
 from moe_helpers import load_experts_by_mapping
 from nvfp4_helpers import dequantize, export_nvfp4, items, process_weights_after_loading
+from vllm_fixtures import installed  # noqa: F401  (the GPU tests import it from here)
 
 HIDDEN, INTERMEDIATE, EXPERTS, TOP_K = 256, 512, 4, 2
 MOE_INTERMEDIATE = 256
+
+logger = logging.getLogger(__name__)
 
 _model_numbers = itertools.count()
 
@@ -37,16 +41,6 @@ GPU = [
 ]
 
 Outputs = tuple[torch.Tensor, ...]
-
-
-@contextlib.contextmanager
-def installed(*patch_ids: str) -> Iterator[None]:
-    """``patch_ids`` applied through patchkit (each must install), reverted on exit."""
-    import patchkit
-
-    with patchkit.applied(*patch_ids) as records:
-        assert all(record.state.installed for record in records), [r.to_dict() for r in records]
-        yield
 
 
 def capture(forward: Callable[[], Outputs]) -> tuple[torch.cuda.CUDAGraph, Outputs]:
@@ -385,3 +379,25 @@ def quant_method_in_use(model: torch.nn.Module) -> str:
             if value is not None:
                 parts.append(f"{attribute}={value if isinstance(value, str) else type(value).__name__}")
     return " ".join(parts)
+
+
+def format_refits_under_a_captured_graph(
+    patch_id: str,
+    kind: str,
+    build: Callable[[], torch.nn.Module],
+    states: list[dict[str, torch.Tensor]],
+    vllm_config: object,
+    *,
+    hidden: int,
+    down_features: int,
+    experts: int,
+    label: str,
+    placeholders: frozenset[str] = frozenset(),
+) -> None:
+    """A refit format's GPU test: with ``patch_id`` installed, :func:`refits_under_a_captured_graph` of the
+    ``kind`` model ``build`` makes, on the forward :func:`forward_of` gives; logs, under ``label``, what
+    vLLM served it with."""
+    with installed(patch_id):
+        forward = forward_of(kind, vllm_config, hidden=hidden, down_features=down_features, experts=experts)
+        model = refits_under_a_captured_graph(build, states, forward, vllm_config, placeholders=placeholders)
+        logger.info("%s: %s", label, quant_method_in_use(model))

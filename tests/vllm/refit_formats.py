@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from vllm_fixtures import installed
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,12 @@ def _fp8(kind: str, block: bool) -> FormatCase:
 
 
 def _ct(kind: str) -> FormatCase:
-    from ct_nvfp4_helpers import CtLinears, CtMoe, linear_checkpoint, moe_checkpoint
+    from patchkit.patches.vllm.refit._checks._ct_nvfp4_checkpoint import (
+        CtLinears,
+        CtMoe,
+        linear_checkpoint,
+        moe_checkpoint,
+    )
 
     moe = kind == "moe"
     return FormatCase(
@@ -123,8 +129,6 @@ def format_started(request: pytest.FixtureRequest, fmt: str) -> Iterator[tuple[F
     (``load_format="dummy"``), for the ``with`` block; the patches are reverted after."""
     from nvfp4_helpers import dummy_started
 
-    import patchkit
-
     case = FORMATS[fmt]()
     for fixture in case.fixtures:
         request.getfixturevalue(fixture)
@@ -132,6 +136,5 @@ def format_started(request: pytest.FixtureRequest, fmt: str) -> Iterator[tuple[F
     with contextlib.ExitStack() as stack:
         if case.environment is not None:
             stack.enter_context(case.environment())
-        records = stack.enter_context(patchkit.applied(*case.patches()))
-        assert all(record.state.installed for record in records), [r.to_dict() for r in records]
+        stack.enter_context(installed(*case.patches()))
         yield case, dummy_started(case.model(), vllm_config)

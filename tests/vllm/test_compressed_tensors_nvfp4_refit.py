@@ -1,12 +1,13 @@
 """Compressed-tensors NVFP4 linear (W4A4, W4A16) and fused-MoE (W4A4) layers refitted through patchkit, on real vLLM.
 
 The layers are vLLM's, with ``CompressedTensorsConfig`` for an ``nvfp4-pack-quantized`` checkpoint
-(``ct_nvfp4_helpers``): ``create_weights``, the weight loaders and ``process_weights_after_loading`` are
-upstream's. On CPU, W4A4 linear layers run vLLM's NVFP4 emulation kernel and MoE layers its emulation
-backend (``cpu_nvfp4_kernels``); W4A16 layers are processed by vLLM's Marlin kernel class with the CUDA
-repack stood in by a reshape (``cpu_marlin_layout``). The proof for every case is vLLM's own first load
-of the same checkpoint into a fresh model: after each refit, every kernel tensor equals that model's
-bit for bit, and sits at the address it had before.
+(``patchkit.patches.vllm.refit._checks._ct_nvfp4_checkpoint``, the self-check's): ``create_weights``, the
+weight loaders and ``process_weights_after_loading`` are upstream's. On CPU, W4A4 linear layers run
+vLLM's NVFP4 emulation kernel and MoE layers its emulation backend (``cpu_nvfp4_kernels``); W4A16 layers
+are processed by vLLM's Marlin kernel class with the CUDA repack stood in by a reshape
+(``cpu_marlin_layout``). The proof for every case is vLLM's own first load of the same checkpoint into a
+fresh model: after each refit, every kernel tensor equals that model's bit for bit, and sits at the
+address it had before.
 
 W4A16 fused MoE is not covered here: on CPU vLLM 0.33's ``select_nvfp4_moe_backend`` finds no backend
 for NVFP4 weights with unquantised activations (``NotImplementedError: No NvFp4 MoE backend supports
@@ -19,16 +20,6 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import torch
-from ct_nvfp4_helpers import (
-    FP8_KV_CACHE,
-    HIDDEN,
-    INTERMEDIATE,
-    CtLinears,
-    CtMoe,
-    ct_nvfp4_config,
-    linear_checkpoint,
-    moe_checkpoint,
-)
 from nvfp4_helpers import (
     assert_same_kernel_state,
     bits,
@@ -40,7 +31,18 @@ from nvfp4_helpers import (
     process_weights_after_loading,
 )
 from patchkit.patches.vllm.refit import RefitError, UnsupportedQuantizationError, refit_weights
+from patchkit.patches.vllm.refit._checks._ct_nvfp4_checkpoint import (
+    FP8_KV_CACHE,
+    HIDDEN,
+    INTERMEDIATE,
+    CtLinears,
+    CtMoe,
+    ct_nvfp4_config,
+    linear_checkpoint,
+    moe_checkpoint,
+)
 from refit_driver import dropped, halved, pointers, refit_alternately, retyped
+from vllm_fixtures import installed
 
 PATCH = "vllm.compressed_tensors_nvfp4_refit"
 MOE_PATCH = "vllm.compressed_tensors_nvfp4_moe_refit"
@@ -64,10 +66,7 @@ def kernels(request: pytest.FixtureRequest, cpu_nvfp4_kernels: None) -> Iterator
 @pytest.fixture
 def ct_nvfp4_refit_patch(kernels: None) -> Iterator[None]:
     """``vllm.compressed_tensors_nvfp4_refit`` and its MoE twin applied for the test, reverted after."""
-    import patchkit
-
-    with patchkit.applied(PATCH, MOE_PATCH) as records:
-        assert all(record.state.installed for record in records), [r.to_dict() for r in records]
+    with installed(PATCH, MOE_PATCH):
         yield
 
 

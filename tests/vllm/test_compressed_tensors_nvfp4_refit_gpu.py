@@ -6,33 +6,30 @@ run vLLM's NVFP4 emulation and stand in for Marlin's CUDA repack; here nothing i
 processes the llm-compressor checkpoints (``nvfp4-pack-quantized``, W4A4 and W4A16) as it does on this
 GPU and serves them with the kernels it picks. That includes the W4A16 fused MoE (``NVFP4A16`` on an MoE
 model, verl's W4A16 QAT), which vLLM cannot build on CPU. The layers and checkpoints are the
-self-check's (``ct_nvfp4_helpers``) at sizes Marlin takes. ``gpu_kernels.refits_under_a_captured_graph``
-drives it: a dummy start, a CUDA graph captured, refits of two checkpoints alternating, each equal bit
-for bit to vLLM's own first load (kernel tensors and served outputs), addresses kept, and a failed refit
-leaving the graph on the old weights.
+self-check's (``refit._checks._ct_nvfp4_checkpoint``) at sizes Marlin takes.
+``gpu_kernels.refits_under_a_captured_graph`` drives it: a dummy start, a CUDA graph captured, refits
+of two checkpoints alternating, each equal bit for bit to vLLM's own first load (kernel tensors and
+served outputs), addresses kept, and a failed refit leaving the graph on the old weights.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import logging
-from collections.abc import Iterator
 
 import pytest
-from ct_nvfp4_helpers import EXPERTS, CtLinears, CtMoe, linear_checkpoint, moe_checkpoint
-from gpu_kernels import (
-    GPU,
-    forward_of,
-    installed,
-    quant_method_in_use,
-    refits_under_a_captured_graph,
+from gpu_kernels import GPU, format_refits_under_a_captured_graph
+from patchkit.patches.vllm.refit._checks._ct_nvfp4_checkpoint import (
+    EXPERTS,
+    CtLinears,
+    CtMoe,
+    linear_checkpoint,
+    moe_checkpoint,
 )
 
 pytestmark = [
     *GPU,
     pytest.mark.skipif(importlib.util.find_spec("compressed_tensors") is None, reason="needs compressed-tensors"),
 ]
-logger = logging.getLogger(__name__)
 
 #: Marlin's kernels take input features in multiples of 128 and output features in multiples of 64.
 HIDDEN, INTERMEDIATE = 256, 128
@@ -44,20 +41,14 @@ KINDS = {
 CASES = [pytest.param(kind, a16, id=f"{kind}-{'w4a16' if a16 else 'w4a4'}") for kind in KINDS for a16 in (False, True)]
 
 
-@pytest.fixture
-def ct_nvfp4_refit_on_gpu() -> Iterator[None]:
-    with installed("vllm.compressed_tensors_nvfp4_refit"):
-        yield
-
-
 @pytest.mark.parametrize(("kind", "a16"), CASES)
 def test_ct_nvfp4_refits_on_vllms_kernels_equal_its_first_load_under_a_captured_graph(
-        ct_nvfp4_refit_on_gpu: None, vllm_config: object, kind: str, a16: bool) -> None:
+        vllm_config: object, kind: str, a16: bool) -> None:
     build, checkpoint = KINDS[kind]
     states = [checkpoint(a16, seed, hidden=HIDDEN, intermediate=INTERMEDIATE) for seed in (1, 2)]
     # An NVFP4A16 MoE layer registers input global scales its checkpoint lacks and Marlin never reads.
     placeholders = frozenset({"w13_input_global_scale", "w2_input_global_scale"} if kind == "moe" and a16 else ())
-    forward = forward_of(kind, vllm_config, hidden=HIDDEN, down_features=INTERMEDIATE, experts=EXPERTS)
-    model = refits_under_a_captured_graph(lambda: build(a16, hidden=HIDDEN, intermediate=INTERMEDIATE), states,
-                                          forward, vllm_config, placeholders=placeholders)
-    logger.info("%s %s: %s", kind, "w4a16" if a16 else "w4a4", quant_method_in_use(model))
+    format_refits_under_a_captured_graph(
+        "vllm.compressed_tensors_nvfp4_refit", kind, lambda: build(a16, hidden=HIDDEN, intermediate=INTERMEDIATE),
+        states, vllm_config, hidden=HIDDEN, down_features=INTERMEDIATE, experts=EXPERTS,
+        label=f"{kind} {'w4a16' if a16 else 'w4a4'}", placeholders=placeholders)

@@ -1,29 +1,27 @@
 """`patchkit doctor` on the real vLLM (CPU emulation): the NVFP4 refit self-check verifies an export -> refit
-round trip, and fails when the patch is bypassed (upstream's layer methods back in place)."""
+round trip, and fails when the patch is bypassed (upstream's layer methods back in place); so do the
+round-trip self-checks of the other refit formats (load -> refit -> refit back against vLLM's own first
+loads; MXFP4 MoE on Marlin stand-ins, MXFP8 on vLLM's emulation kernels)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from nvfp4_helpers import BLOCK, E2M1_VALUES, dequantize, export_nvfp4
+from vllm_fixtures import installed
 
 import patchkit
 from patchkit.doctor import FAILED, VERIFIED, run
-from patchkit.selfcheck import patches_as_they_were, upstream_behaviour
+from patchkit.selfcheck import upstream_behaviour
+
+pytestmark = pytest.mark.usefixtures("patches_restored")
 
 PATCH = "vllm.nvfp4_refit"
 
 
-@pytest.fixture(autouse=True)
-def _doctor_leaves_no_patch_applied():
-    with patches_as_they_were():
-        yield
-
-
 @pytest.fixture
 def applied_refit():
-    with patchkit.applied(PATCH) as (status,):
-        assert status.state.installed, status.to_dict()
+    with installed(PATCH):
         yield
 
 
@@ -109,63 +107,51 @@ def test_the_command_verifies_every_vllm_patch_in_a_fresh_process_without_the_te
     assert done.returncode == 0
 
 
-# --- vllm.fp8_refit ---
+# --- the refit formats whose self-check refits a second checkpoint and back ---
 
 FP8 = "vllm.fp8_refit"
-
-
-def test_fp8_refit_check_is_verified():
-    with patchkit.applied(FP8):
-        (verdict,) = run([FP8], device="cpu")[0]
-    assert verdict.verdict == VERIFIED, verdict.message
-
-
-@pytest.mark.breaks("vllm.fp8_refit")
-def test_fp8_refit_check_fails_with_upstreams_layer_methods():
-    with patchkit.applied(FP8), upstream_behaviour(FP8):
-        (verdict,) = run([FP8], device="cpu")[0]
-    assert verdict.verdict == FAILED
-    assert "refit with a second checkpoint of vLLM's FP8 linear layers: expected the layers take the new " \
-        "weights, found RefitError" in verdict.message, verdict.message
-
-
-# --- vllm.compressed_tensors_nvfp4_refit ---
-
 CT_NVFP4 = "vllm.compressed_tensors_nvfp4_refit"
-
-
-def test_compressed_tensors_nvfp4_refit_check_is_verified():
-    with patchkit.applied(CT_NVFP4):
-        (verdict,) = run([CT_NVFP4], device="cpu")[0]
-    assert verdict.verdict == VERIFIED, verdict.message
-
-
-@pytest.mark.breaks("vllm.compressed_tensors_nvfp4_refit")
-def test_compressed_tensors_nvfp4_refit_check_fails_with_upstreams_layer_methods():
-    with patchkit.applied(CT_NVFP4), upstream_behaviour(CT_NVFP4):
-        (verdict,) = run([CT_NVFP4], device="cpu")[0]
-    assert verdict.verdict == FAILED
-    assert "refit with a second checkpoint of vLLM's compressed-tensors NVFP4 linear layers: expected the layers " \
-        "take the new weights, found RefitError" in verdict.message, verdict.message
-    assert "processed before patchkit recorded it" in verdict.message, verdict.message
-
-
-# --- vllm.compressed_tensors_nvfp4_moe_refit ---
-
 CT_NVFP4_MOE = "vllm.compressed_tensors_nvfp4_moe_refit"
+ROUND_TRIP_CHECKED = (FP8, CT_NVFP4, CT_NVFP4_MOE, "vllm.mxfp4_moe_refit", "vllm.mxfp8_refit")
 
 
-def test_compressed_tensors_nvfp4_moe_refit_check_is_verified():
-    with patchkit.applied(CT_NVFP4_MOE):
-        (verdict,) = run([CT_NVFP4_MOE], device="cpu")[0]
+@pytest.mark.parametrize("patch_id", ROUND_TRIP_CHECKED)
+def test_refit_round_trip_check_is_verified(patch_id):
+    with patchkit.applied(patch_id):
+        (verdict,) = run([patch_id], device="cpu")[0]
     assert verdict.verdict == VERIFIED, verdict.message
 
 
-@pytest.mark.breaks("vllm.compressed_tensors_nvfp4_moe_refit")
-def test_compressed_tensors_nvfp4_moe_refit_check_fails_with_upstreams_moe_method():
-    with patchkit.applied(CT_NVFP4_MOE), upstream_behaviour(CT_NVFP4_MOE):
-        (verdict,) = run([CT_NVFP4_MOE], device="cpu")[0]
+# What each check reports with upstream's layer (or MoE) methods back: the failed step's expected and
+# found, and, where vLLM processes a layer as its last tensor loads, that the layer was processed unrecorded.
+@pytest.mark.parametrize(("patch_id", "reported"), [
+    pytest.param(FP8, ("refit with a second checkpoint of vLLM's FP8 linear layers: expected the layers take "
+                       "the new weights, found RefitError",),
+                 marks=pytest.mark.breaks("vllm.fp8_refit"),
+                 id="vllm.fp8_refit"),
+    pytest.param(CT_NVFP4, ("refit with a second checkpoint of vLLM's compressed-tensors NVFP4 linear layers: "
+                            "expected the layers take the new weights, found RefitError",
+                            "processed before patchkit recorded it"),
+                 marks=pytest.mark.breaks("vllm.compressed_tensors_nvfp4_refit"),
+                 id="vllm.compressed_tensors_nvfp4_refit"),
+    pytest.param(CT_NVFP4_MOE, ("refit with a second checkpoint of vLLM's compressed-tensors NVFP4 moe layers: "
+                                "expected the layers take the new weights, found RefitError",
+                                "processed before patchkit recorded it"),
+                 marks=pytest.mark.breaks("vllm.compressed_tensors_nvfp4_moe_refit"),
+                 id="vllm.compressed_tensors_nvfp4_moe_refit"),
+    pytest.param("vllm.mxfp4_moe_refit", ("refit with a second checkpoint of vLLM's MXFP4 MoE layer: expected "
+                                          "the layer takes the new weights, found RefitError",),
+                 marks=pytest.mark.breaks("vllm.mxfp4_moe_refit"),
+                 id="vllm.mxfp4_moe_refit"),
+    pytest.param("vllm.mxfp8_refit", ("refit with a second checkpoint of vLLM's ModelOpt MXFP8 fused-MoE layer: "
+                                      "expected the layer takes the new weights, found RefitError",
+                                      "processed before patchkit recorded it"),
+                 marks=pytest.mark.breaks("vllm.mxfp8_refit"),
+                 id="vllm.mxfp8_refit"),
+])
+def test_refit_round_trip_check_fails_with_upstreams_layer_methods(patch_id, reported):
+    with patchkit.applied(patch_id), upstream_behaviour(patch_id):
+        (verdict,) = run([patch_id], device="cpu")[0]
     assert verdict.verdict == FAILED
-    assert "refit with a second checkpoint of vLLM's compressed-tensors NVFP4 moe layers: expected the layers " \
-        "take the new weights, found RefitError" in verdict.message, verdict.message
-    assert "processed before patchkit recorded it" in verdict.message, verdict.message
+    for fragment in reported:
+        assert fragment in verdict.message, verdict.message

@@ -15,38 +15,21 @@ old weights bit for bit.
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterator
-
 import pytest
 from fp8_helpers import EXPERTS, HIDDEN, Fp8Linears, Fp8Moe, linear_checkpoint, moe_checkpoint
-from gpu_kernels import (
-    GPU,
-    forward_of,
-    installed,
-    quant_method_in_use,
-    refits_under_a_captured_graph,
-)
+from gpu_kernels import GPU, format_refits_under_a_captured_graph
 
 pytestmark = GPU
-logger = logging.getLogger(__name__)
 
 KINDS = {"linear": (Fp8Linears, linear_checkpoint), "moe": (Fp8Moe, moe_checkpoint)}
 CASES = [pytest.param(kind, block, id=f"{kind}-{'block' if block else 'per-tensor'}")
          for kind in KINDS for block in (False, True)]
 
 
-@pytest.fixture
-def fp8_refit_on_gpu() -> Iterator[None]:
-    with installed("vllm.fp8_refit"):
-        yield
-
-
 @pytest.mark.parametrize(("kind", "block"), CASES)
 def test_fp8_refits_on_vllms_kernels_equal_its_first_load_under_a_captured_graph(
-        fp8_refit_on_gpu: None, vllm_config: object, kind: str, block: bool) -> None:
+        vllm_config: object, kind: str, block: bool) -> None:
     states = [KINDS[kind][1](block, seed=seed) for seed in (1, 2)]
-    forward = forward_of(kind, vllm_config, hidden=HIDDEN, down_features=HIDDEN, experts=EXPERTS)
-    model = refits_under_a_captured_graph(lambda: KINDS[kind][0](block), states, forward,
-                                          vllm_config)
-    logger.info("%s %s: %s", kind, "block" if block else "per-tensor", quant_method_in_use(model))
+    format_refits_under_a_captured_graph(
+        "vllm.fp8_refit", kind, lambda: KINDS[kind][0](block), states, vllm_config,
+        hidden=HIDDEN, down_features=HIDDEN, experts=EXPERTS, label=f"{kind} {'block' if block else 'per-tensor'}")

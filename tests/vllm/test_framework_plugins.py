@@ -18,14 +18,11 @@ The patch looked at is ``vllm.nvfp4_refit`` (vLLM is installed, not imported): `
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 from importlib.metadata import entry_points
 
 import pytest
+from fresh_process import last_printed
 
 PATCH = "vllm.nvfp4_refit"
 
@@ -80,13 +77,7 @@ def run_loader(loader: str, **env: str) -> dict:
         print(json.dumps({{"state": record.state.value, "reason": record.reason and record.reason.value}}))
         """
     )
-    environ = {k: v for k, v in os.environ.items()
-               if not k.startswith(("PATCHKIT_", "VERL_", "SGLANG_", "VLLM_PLUGINS"))}
-    environ.update(env)
-    done = subprocess.run([sys.executable, "-c", script], env=environ, capture_output=True, text=True, timeout=120)
-    if done.returncode != 0:
-        return {"returncode": done.returncode, "stderr": done.stderr[-3000:]}
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return last_printed(script, without=("PATCHKIT_", "VERL_", "SGLANG_", "VLLM_PLUGINS"), timeout=120, **env)
 
 
 APPLIED = {"state": "pending", "reason": None}

@@ -39,10 +39,13 @@ from patchkit.patches.vllm.lora._checks._tiny_lora import (
     unpinned_without_cuda,
     worker_lora_manager,
 )
+from vllm_fixtures import installed
 
 import patchkit
 from patchkit.doctor import FAILED, VERIFIED, run
-from patchkit.selfcheck import patches_as_they_were, upstream_behaviour
+from patchkit.selfcheck import upstream_behaviour
+
+pytestmark = pytest.mark.usefixtures("patches_restored")
 
 PATCH = "vllm.lora_from_tensors"
 Q_A = f"{PEFT_PREFIX}{LAYER}.self_attn.q_proj.lora_A.weight"
@@ -51,16 +54,9 @@ DOWN_A = f"{PEFT_PREFIX}{LAYER}.mlp.down_proj.lora_A.weight"
 DOWN_B = f"{PEFT_PREFIX}{LAYER}.mlp.down_proj.lora_B.weight"
 
 
-@pytest.fixture(autouse=True)
-def _no_patch_left_applied() -> Iterator[None]:
-    with patches_as_they_were():
-        yield
-
-
 @pytest.fixture
 def applied() -> Iterator[None]:
-    with patchkit.applied(PATCH) as (record,):
-        assert record.state.installed, record.to_dict()
+    with installed(PATCH):
         yield
 
 

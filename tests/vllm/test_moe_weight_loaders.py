@@ -18,15 +18,10 @@ from patchkit.patches.vllm._checks._tiny_moe import (
 import patchkit
 from patchkit.doctor import FAILED, VERIFIED, run
 from patchkit.runtime.status import Reason
-from patchkit.selfcheck import patches_as_they_were
+
+pytestmark = pytest.mark.usefixtures("patches_restored")
 
 PATCH = "vllm.moe_expert_weight_loaders"
-
-
-@pytest.fixture(autouse=True)
-def _no_patch_left_applied():
-    with patches_as_they_were():
-        yield
 
 
 def test_declared_native_on_this_release():

@@ -41,8 +41,7 @@ from patchkit.patches.vllm.refit._checks._mxfp4_moe import (
     marlin_backend,
 )
 from refit_driver import dropped, halved, refit_alternately, retyped
-
-import patchkit
+from vllm_fixtures import installed
 
 PATCH = "vllm.mxfp4_moe_refit"
 #: (hidden, intermediate) of the checkpoint, by id
@@ -63,9 +62,7 @@ def marlin(vllm_config: object) -> Iterator[None]:
 @pytest.fixture
 def mxfp4_refit_patch(marlin: None) -> Iterator[None]:
     """``vllm.mxfp4_moe_refit`` applied for the test, reverted after."""
-    with patchkit.applied(PATCH) as records:
-        (record,) = records
-        assert record.state.installed, record.to_dict()
+    with installed(PATCH):
         yield
 
 

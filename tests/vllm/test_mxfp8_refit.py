@@ -38,6 +38,7 @@ from patchkit.patches.vllm.refit._checks._mxfp8 import (
 from patchkit.patches.vllm.refit._checks._round_trip import differing, kernel_bytes
 from patchkit.patches.vllm.refit._checks._round_trip import kernel_identities as identities
 from refit_driver import dropped, first_byte_set, halved, refit_alternately, retyped
+from vllm_fixtures import installed
 
 import patchkit
 
@@ -59,8 +60,7 @@ def patches_for_linear() -> tuple[str, ...]:
 @pytest.fixture
 def mxfp8_refit_patch(emulation: None) -> Iterator[None]:
     """``vllm.mxfp8_refit`` (and, from vLLM 0.30, ``vllm.nvfp4_refit`` for the linear method) applied."""
-    with patchkit.applied(*patches_for_linear()) as records:
-        assert all(record.state.installed for record in records), [r.to_dict() for r in records]
+    with installed(*patches_for_linear()):
         yield
 
 

@@ -13,38 +13,21 @@ the old weights.
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterator
-
 import pytest
-from gpu_kernels import (
-    GPU,
-    forward_of,
-    installed,
-    quant_method_in_use,
-    refits_under_a_captured_graph,
-)
+from gpu_kernels import GPU, format_refits_under_a_captured_graph
 from patchkit.patches.vllm.refit._checks._mxfp8 import EXPERTS, MODELS, checkpoint, has_linear_method
 
 pytestmark = GPU
-logger = logging.getLogger(__name__)
 
 HIDDEN, INTERMEDIATE = 256, 128
 
 
-@pytest.fixture
-def mxfp8_refit_on_gpu() -> Iterator[None]:
-    with installed("vllm.mxfp8_refit"):
-        yield
-
-
 @pytest.mark.parametrize("kind", ["linear", "moe"])
 def test_mxfp8_refits_on_vllms_kernels_equal_its_first_load_under_a_captured_graph(
-        mxfp8_refit_on_gpu: None, vllm_config: object, kind: str) -> None:
+        vllm_config: object, kind: str) -> None:
     if kind == "linear" and not has_linear_method():
         pytest.skip("ModelOptMxFp8LinearMethod exists in vLLM 0.16-0.29 only")
     states = [checkpoint(kind, seed, HIDDEN, INTERMEDIATE) for seed in (1, 2)]
-    forward = forward_of(kind, vllm_config, hidden=HIDDEN, down_features=INTERMEDIATE, experts=EXPERTS)
-    model = refits_under_a_captured_graph(lambda: MODELS[kind](HIDDEN, INTERMEDIATE), states,
-                                          forward, vllm_config)
-    logger.info("mxfp8 %s: %s", kind, quant_method_in_use(model))
+    format_refits_under_a_captured_graph(
+        "vllm.mxfp8_refit", kind, lambda: MODELS[kind](HIDDEN, INTERMEDIATE), states, vllm_config,
+        hidden=HIDDEN, down_features=INTERMEDIATE, experts=EXPERTS, label=f"mxfp8 {kind}")

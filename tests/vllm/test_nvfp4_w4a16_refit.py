@@ -26,6 +26,7 @@ from nvfp4_helpers import (
 )
 from patchkit.patches.vllm._nvfp4_checkpoint import Bf16Linears, kernel_name
 from patchkit.patches.vllm.refit import RefitError, refit_weights
+from vllm_fixtures import installed
 
 GATHER_BUFFERS = ("_nvfp4_weight_for_gather", "_nvfp4_weight_scale_for_gather", "_nvfp4_weight_global_scale_for_gather")
 
@@ -170,11 +171,7 @@ def test_marlin_w4a16_option_is_opt_in(cpu_nvfp4_kernels: None) -> None:
 def test_marlin_w4a16_option_serves_an_nvfp4_checkpoint_as_w4a16(
     nvfp4_refit_patch: None, cpu_marlin_layout: None, vllm_config: object
 ) -> None:
-    import patchkit
-
-    with patchkit.applied("vllm.nvfp4_marlin_w4a16") as records:
-        (record,) = records
-        assert record.state.installed, record.to_dict()
+    with installed("vllm.nvfp4_marlin_w4a16"):
         model = dummy_started(W4A4ConfiguredLinears(), vllm_config)
         assert model.quant_algo == "W4A16_NVFP4"
         assert kernel_name(model.up) == kernel_name(model.down) == "MarlinNvFp4LinearKernel"

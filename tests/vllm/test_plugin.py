@@ -7,13 +7,10 @@ imports torch, so each process costs seconds: the scenarios are kept to the ones
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from fresh_process import last_printed
 
 pytest.importorskip("vllm")
 
@@ -30,12 +27,7 @@ def run_vllm_process(body: str, **env: str) -> dict:
         result = {}
         """
     ) + textwrap.dedent(body) + "\nprint(json.dumps(result))\n"
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("PATCHKIT_", "VLLM_PLUGINS"))}
-    environ.update(VLLM_TARGET_DEVICE="cpu", **env)
-    done = subprocess.run([sys.executable, "-c", script], env=environ, capture_output=True, text=True, timeout=300)
-    if done.returncode != 0:
-        return {"returncode": done.returncode, "stderr": done.stderr[-3000:]}
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return last_printed(script, without=("PATCHKIT_", "VLLM_PLUGINS"), timeout=300, VLLM_TARGET_DEVICE="cpu", **env)
 
 
 STATE = f"""

@@ -23,6 +23,7 @@ from patchkit.patches.vllm.refit import UnsupportedQuantizationError, refit_weig
 from patchkit.patches.vllm.refit import _formats as _refit_formats
 from vllm.model_executor.layers.linear import LinearBase
 from vllm.model_executor.layers.quantization.fp8 import Fp8Config, Fp8LinearMethod
+from vllm_fixtures import installed
 
 import patchkit
 from patchkit import Patch, Variant, Wrap
@@ -75,8 +76,7 @@ def declared(cpu_fp8_ops: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[Non
     engine = patchkit.engine()
     if PATCH_ID not in engine.ids():
         engine.register(DECLARATION)
-    with patchkit.applied(PATCH_ID) as (record,):
-        assert record.state.installed, record.to_dict()
+    with installed(PATCH_ID):
         yield
 
 

@@ -8,15 +8,12 @@ recorded and refittable all the same, and nothing a refit checks may import that
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+from fresh_process import last_printed
 from nvfp4_helpers import assert_same_kernel_state, bits, kernel_state
 from patchkit.patches.vllm.refit import RefitError, refit_weights
 from refit_formats import format_started
@@ -35,7 +32,7 @@ import vllm_cpu_harness
 vllm_cpu_harness.select_cpu_platform()
 from patchkit.patches.vllm._checks._cpu_stand_in import cpu_nvfp4_kernels
 from patchkit.patches.vllm.refit import refit_weights
-from ct_nvfp4_helpers import CtLinears, linear_checkpoint
+from patchkit.patches.vllm.refit._checks._ct_nvfp4_checkpoint import CtLinears, linear_checkpoint
 from nvfp4_helpers import dummy_started
 
 result = {{}}
@@ -55,12 +52,8 @@ print(json.dumps(result))
 
 
 def test_a_dense_compressed_tensors_nvfp4_model_is_recorded_and_refitted_in_a_fresh_process() -> None:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("PATCHKIT_", "VLLM_PLUGINS"))}
-    environ["VLLM_TARGET_DEVICE"] = "cpu"
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(DENSE_CT_MODEL)], env=environ,
-                          capture_output=True, text=True, timeout=540)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = last_printed(textwrap.dedent(DENSE_CT_MODEL), without=("PATCHKIT_", "VLLM_PLUGINS"), timeout=540,
+                          check=True, VLLM_TARGET_DEVICE="cpu")
     assert result["refit"] == "ok", result
     assert result["states"]["vllm.compressed_tensors_nvfp4_refit"] == "applied", result
     assert result["states"]["vllm.compressed_tensors_nvfp4_moe_refit"] == "pending", result  # waits, harmlessly

@@ -13,24 +13,20 @@ import threading
 
 import pytest
 from patchkit.patches.vllm._checks._headless_serve import run_headless_in_a_thread
+from vllm_fixtures import installed
 
 import patchkit
 from patchkit.doctor import FAILED, VERIFIED, run
-from patchkit.selfcheck import patches_as_they_were, upstream_behaviour
+from patchkit.selfcheck import upstream_behaviour
+
+pytestmark = pytest.mark.usefixtures("patches_restored")
 
 PATCH = "vllm.serve_signals_main_thread"
 
 
-@pytest.fixture(autouse=True)
-def _no_patch_left_applied():
-    with patches_as_they_were():
-        yield
-
-
 @pytest.fixture
 def applied():
-    with patchkit.applied(PATCH) as (record,):
-        assert record.state.installed, record.to_dict()
+    with installed(PATCH) as (record,):
         yield record
 
 

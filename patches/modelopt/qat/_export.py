@@ -250,10 +250,16 @@ def _gather_tp(tensor: torch.Tensor, entry: _Entry) -> torch.Tensor:
     return torch.cat(shards, dim=entry.partition_dim)
 
 
+def _model_device(chunks: list[nn.Module]) -> torch.device:
+    """Where the model's parameters live (its first parameter's device; the CPU for a model without
+    any): the quantizer specs move there once, before the stream, instead of per tensor."""
+    return next((p.device for chunk in chunks for p in chunk.parameters()), torch.device("cpu"))
+
+
 def _megatron_export(chunks: list[nn.Module]) -> Iterator[tuple[str, torch.Tensor]]:
     rank, world = _dist()
     entries, local = _announce(chunks)
-    device = next((p.device for chunk in chunks for p in chunk.parameters()), torch.device("cpu"))
+    device = _model_device(chunks)
     on_device = specs_on_device({e.name: e.spec for e in entries if e.spec is not None}, device)
     for entry in entries:
         entry.spec = on_device.get(entry.name)
@@ -337,7 +343,7 @@ def _bridge_export(chunks: list[nn.Module], bridge: Any, layout: ExpertLayout) -
         mapping = registry.megatron_to_hf_lookup(megatron_name)
         for hf_name in _hf_names(mapping):
             quantized[hf_name] = spec
-    device = next((p.device for chunk in chunks for p in chunk.parameters()), torch.device("cpu"))
+    device = _model_device(chunks)
     quantized = specs_on_device(quantized, device)
     # Quantizer buffers have no mapping; Bridge 0.5+ lists them as ``None`` tasks, which its plain
     # export does not skip (its ModelOpt export filters them the same way).

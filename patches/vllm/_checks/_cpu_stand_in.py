@@ -60,6 +60,25 @@ def vllm_config(backend: str = "gloo") -> Iterator[object]:
 
 
 @contextlib.contextmanager
+def model_config_fields(**fields: Any) -> Iterator[None]:
+    """What a layer reads of the model config (``fields``, e.g. its ``dtype``), for the block, where the
+    current vLLM config has no ``ModelConfig`` (the doctor's :func:`vllm_config`); a real one is left as is."""
+    from types import SimpleNamespace
+
+    from vllm.config import get_current_vllm_config
+
+    config = get_current_vllm_config()
+    if config.model_config is not None:
+        yield
+        return
+    object.__setattr__(config, "model_config", SimpleNamespace(**fields))
+    try:
+        yield
+    finally:
+        object.__setattr__(config, "model_config", None)
+
+
+@contextlib.contextmanager
 def vllm_context(device: str) -> Iterator[None]:
     """vLLM's config and model-parallel state (reused if the process has them) and, on CPU, the redirects."""
     from vllm.distributed import parallel_state

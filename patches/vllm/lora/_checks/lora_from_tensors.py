@@ -23,22 +23,14 @@ def check_lora_from_tensors(context: CheckContext) -> None:
 
     from ..._checks._cpu_stand_in import vllm_context
     from .. import LoRATensorsError, TensorLoRARequest, add_lora_from_tensors
-    from ._tiny_lora import (
-        LORA_DTYPE,
-        adapter_tensors,
-        differences,
-        peft_config,
-        peft_folder,
-        unpinned_without_cuda,
-        worker_lora_manager,
-    )
+    from . import _tiny_lora as tiny
 
     # In the LoRA dtype: vLLM's .to(dtype) would otherwise hand over copies, and the check below would prove nothing.
-    config, tensors = peft_config(), adapter_tensors(seed=3, dtype=LORA_DTYPE)
+    config, tensors = tiny.peft_config(), tiny.adapter_tensors(seed=3, dtype=tiny.LORA_DTYPE)
     before = {name: tensor.clone() for name, tensor in tensors.items()}
-    with vllm_context("cpu"), unpinned_without_cuda():  # the LoRA manager keeps adapters on the CPU in every case
-        manager: Any = worker_lora_manager()
-        with peft_folder(config, tensors) as folder:
+    with vllm_context("cpu"), tiny.unpinned_without_cuda():  # the LoRA manager keeps adapters on the CPU in every case
+        manager: Any = tiny.worker_lora_manager()
+        with tiny.peft_folder(config, tensors) as folder:
             from_folder = manager._load_adapter(LoRARequest("from-folder", 1, str(folder)))
         try:
             from_tensors = manager._load_adapter(TensorLoRARequest("from-tensors", 1, peft_config=config,
@@ -46,7 +38,7 @@ def check_lora_from_tensors(context: CheckContext) -> None:
         except Exception as exc:
             raise SelfCheckFailed("vLLM's worker LoRA manager loads an adapter given as tensors",
                                   "a LoRAModel", f"{type(exc).__name__}: {str(exc)[:200]}") from exc
-        found = differences(from_tensors, from_folder)
+        found = tiny.differences(from_tensors, from_folder)
         expect(not found, "the LoRAModel loaded from tensors equals the one vLLM loads from the PEFT folder "
                "(every lora_a/lora_b bit for bit, rank, scaling, modules)", "no difference", found[:3])
         expect(add_lora_from_tensors(manager, "served", 2, tensors, config) and 2 in manager.list_adapters(),

@@ -1,5 +1,5 @@
 """Compressed-tensors NVFP4 models and checkpoints of vLLM's own layers and loaders, for the
-``vllm.compressed_tensors_nvfp4_refit`` self-check and tests/vllm (``ct_nvfp4_helpers`` re-exports them).
+``vllm.compressed_tensors_nvfp4_refit`` self-check and tests/vllm.
 
 The quantization config is vLLM's ``CompressedTensorsConfig.from_config`` of a ``config.json``
 ``quantization_config`` as llm-compressor writes it for ``format: nvfp4-pack-quantized``: weights

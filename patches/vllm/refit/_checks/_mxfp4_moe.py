@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from ..._checks._cpu_stand_in import model_config_fields
 from ..._checks._tiny_moe import OneMoeLayer, load_by_expert_mapping
 from . import _round_trip as _round_trip
 
@@ -47,24 +48,6 @@ def _marlin_repack_standin(b_q_weight: torch.Tensor, size_k: int, size_n: int, n
 
 
 @contextlib.contextmanager
-def _model_config_fields() -> Iterator[None]:
-    """What the MXFP4 oracle reads of the model config, where the current vLLM config has none."""
-    from types import SimpleNamespace
-
-    from vllm.config import get_current_vllm_config
-
-    config = get_current_vllm_config()
-    if config.model_config is not None:
-        yield
-        return
-    object.__setattr__(config, "model_config", SimpleNamespace(quantization_config=None, dtype=torch.bfloat16))
-    try:
-        yield
-    finally:
-        object.__setattr__(config, "model_config", None)
-
-
-@contextlib.contextmanager
 def marlin_backend(device: str) -> Iterator[None]:
     """vLLM's MARLIN MXFP4 MoE backend for layers built in the block (CPU: the stand-ins above)."""
     from vllm.config import get_current_vllm_config
@@ -74,7 +57,8 @@ def marlin_backend(device: str) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         kernel_config.moe_backend = "marlin"
         stack.callback(setattr, kernel_config, "moe_backend", saved_backend)
-        stack.enter_context(_model_config_fields())
+        # What the MXFP4 oracle reads of the model config: no quantization-config override, bfloat16.
+        stack.enter_context(model_config_fields(quantization_config=None, dtype=torch.bfloat16))
         if device == "cpu":
             import vllm._custom_ops as ops
             from vllm.model_executor.layers.fused_moe.experts.marlin_moe import MarlinExpertsBase

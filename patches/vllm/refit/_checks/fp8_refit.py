@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import torch
@@ -13,35 +12,17 @@ from ..._nvfp4_checkpoint import items, process_weights_after_loading
 from ._round_trip import kernel_identities, refit_steps
 
 
-@contextlib.contextmanager
-def _model_dtype(dtype: torch.dtype) -> Any:
-    """What ``Fp8LinearMethod.__init__`` reads of the model config (its dtype), where the check's vLLM
-    config has no ``ModelConfig`` (building one resolves a Hugging Face config: a minute on a busy CPU)."""
-    from types import SimpleNamespace
-
-    from vllm.config import get_current_vllm_config
-
-    config = get_current_vllm_config()
-    if config.model_config is not None:
-        yield
-        return
-    object.__setattr__(config, "model_config", SimpleNamespace(dtype=dtype))
-    try:
-        yield
-    finally:
-        object.__setattr__(config, "model_config", None)
-
-
 def check_fp8_refit(context: CheckContext) -> None:
     """Load one FP8 checkpoint, refit another, refit back: each time the layers' kernel tensors hold exactly
     that checkpoint (read without vLLM), in the same tensor objects and storage."""
-    from ..._checks._cpu_stand_in import vllm_context
+    from ..._checks._cpu_stand_in import model_config_fields, vllm_context
     from ._fp8_checkpoint import Fp8TwoLinears, checkpoint, mismatches
 
     first, second = checkpoint(seed=1), checkpoint(seed=2)
     with vllm_context(context.device):
         try:
-            with torch.device(context.device), _model_dtype(torch.float32):
+            # Fp8LinearMethod reads the model's dtype, and the check's vLLM config has no ModelConfig.
+            with torch.device(context.device), model_config_fields(dtype=torch.float32):
                 model: Any = Fp8TwoLinears()
         except (KeyError, ValueError) as exc:  # vLLM's FP8 kernel table has no kernel for this platform
             raise NeedsGPU(f"vLLM selects no FP8 linear kernel here ({str(exc)[:120]}); on vLLM 0.24's PyPI wheel "
