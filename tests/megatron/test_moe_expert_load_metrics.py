@@ -87,6 +87,7 @@ def test_mtp_routers_log_in_the_slot_of_their_loss_sized_decoder_and_mtp(moe_rep
     torch.testing.assert_close(step.tracked[MAX_METRIC].float(), want_max, atol=0, rtol=0)
 
 
+@pytest.mark.breaks("megatron.moe_expert_load_metrics")
 def test_self_check_passes_and_fails_with_upstreams_code(moe_replay: dict) -> None:
     from patchkit.patches.megatron.moe._checks.moe_expert_load_metrics import check_moe_expert_load_metrics
 
