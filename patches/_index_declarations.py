@@ -401,4 +401,15 @@ DECLARATIONS = {
         (('vllm', 'vllm'),),
         '._checks.serve_signals_main_thread:check_serve_signals_main_thread',
     ),
+    'vllm.shm_broadcast_bind_retry': (
+        'vllm.shm_broadcast_bind_retry',
+        "vLLM's shared-memory broadcast queue binds its TCP socket on the next free port when another process took the probed one (EADDRINUSE), and advertises the port it bound.",
+        "MessageQueue probes a port with get_open_port() and binds it later; workers of a node-spanning engine probe from the same VLLM_PORT at once and all but one die with 'Address already in use'.",
+        'https://github.com/vllm-project/vllm/pull/50960',
+        'Nothing is installed from vLLM 0.29 (port 0, native); drop the patched variant with 0.28.',
+        (((('vllm', '>=0.24,<0.29'),), (('Replace', 'vllm.distributed.device_communicators.shm_broadcast:Context', '._shm_broadcast_bind_retry:BindRetryContext'), ('Wrap', 'vllm.distributed.device_communicators.shm_broadcast:MessageQueue.__init__', '._shm_broadcast_bind_retry:wrap_init')), None, 'retry-bind'), ((('vllm', '>=0.29,<0.34'),), (), 'MessageQueue binds its remote socket to port 0 and reads the port the kernel chose (zmq.LAST_ENDPOINT): no probe, no window for another process', None)),
+        False,
+        (('vllm', 'vllm'),),
+        '._checks.shm_broadcast_bind_retry:check_shm_broadcast_bind_retry',
+    ),
 }

@@ -947,4 +947,19 @@ RECORDS = {
             )),
         ),
     },
+    'vllm.shm_broadcast_bind_retry': {
+        'retry-bind': (
+            ((('vllm', '0.24.0'),), 'verified', (
+                ('vllm.distributed.device_communicators.shm_broadcast:MessageQueue.__init__', 'a065ee330d53d4ab'),
+            )),
+        ),
+        'vllm>=0.29,<0.34': (
+            ((('vllm', '0.29.0'),), 'native', (
+            )),
+            ((('vllm', '0.32.0'),), 'native', (
+            )),
+            ((('vllm', '0.33.0'),), 'native', (
+            )),
+        ),
+    },
 }
