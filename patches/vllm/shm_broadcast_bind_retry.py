@@ -12,7 +12,7 @@ The patch retries the bind on the next free port (searched from ``VLLM_PORT`` wh
 vLLM's own search is) and advertises the port actually bound in the queue's handle. From 0.29 vLLM
 binds port 0 and reads the kernel's choice back (vLLM #50960): no probe, no race, ``native``.
 
-Ranges: the probe-then-bind code read in 0.24.0 and tested there; the port-0 bind read in 0.29.0 and
+Ranges: the probe-then-bind code read in 0.24.0 and tested there; the port-0 bind read in 0.29.0, 0.32.0 and
 0.33.0 and tested there. 0.25-0.28 lie inside the patched range unrun (NeMo-RL patches the same
 probe-then-bind in 0.25.1); on a release that already binds port 0 the patch never retries and the
 handle stays as vLLM made it.
