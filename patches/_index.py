@@ -21,7 +21,7 @@ FOLDERS = {
     'megatron.router_replay': ('moe_alltoall_replay_token_count.py', 'router_replay.py', 'router_replay_validation.py', 'routing_replay_keyword.py'),
     'modelopt': ('qat',),
     'modelopt.qat': ('nvfp4_cpu_fake_quant.py',),
-    'vllm': ('lora', 'moe_expert_weight_loaders.py', 'nvfp4_marlin_w4a16.py', 'refit', 'serve_signals_main_thread.py'),
+    'vllm': ('lora', 'moe_expert_weight_loaders.py', 'nvfp4_marlin_w4a16.py', 'refit', 'serve_signals_main_thread.py', 'shm_broadcast_bind_retry.py'),
     'vllm.lora': ('lora_from_tensors.py',),
     'vllm.refit': ('compressed_tensors_nvfp4_moe_refit.py', 'compressed_tensors_nvfp4_refit.py', 'fp8_refit.py', 'mxfp4_moe_refit.py', 'mxfp8_refit.py', 'nvfp4_refit.py'),
 }
@@ -63,4 +63,5 @@ DECLARATIONS = {
     'vllm.refit.mxfp8_refit': (('vllm.mxfp8_refit', False, (('vllm', 'vllm'),), ('vllm.model_executor.layers.quantization.modelopt',), ('vllm',)),),
     'vllm.refit.nvfp4_refit': (('vllm.nvfp4_refit', False, (('vllm', 'vllm'),), ('vllm.model_executor.layers.quantization.modelopt',), ('vllm',)),),
     'vllm.serve_signals_main_thread': (('vllm.serve_signals_main_thread', False, (('vllm', 'vllm'),), ('vllm.entrypoints.cli.serve',), ('vllm',)),),
+    'vllm.shm_broadcast_bind_retry': (('vllm.shm_broadcast_bind_retry', False, (('vllm', 'vllm'),), ('vllm.distributed.device_communicators.shm_broadcast',), ('vllm',)),),
 }
