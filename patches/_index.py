@@ -19,7 +19,7 @@ FOLDERS = {
     'megatron.parallel': ('tp_group_if_none_helper.py',),
     'megatron.rope': ('mla_thd_cp_rope.py',),
     'megatron.router_replay': ('moe_alltoall_replay_token_count.py', 'router_replay.py', 'router_replay_validation.py', 'routing_replay_keyword.py'),
-    'modelopt': ('qat',),
+    'modelopt': ('max_calibrator_nan_safe.py', 'qat'),
     'modelopt.qat': ('nvfp4_cpu_fake_quant.py',),
     'vllm': ('lora', 'moe_expert_weight_loaders.py', 'nvfp4_marlin_w4a16.py', 'refit', 'serve_signals_main_thread.py'),
     'vllm.lora': ('lora_from_tensors.py',),
@@ -101,6 +101,9 @@ DECLARATIONS = {
     ),
     'megatron.router_replay.routing_replay_keyword': (
         ('megatron.routing_replay_keyword', False, (('megatron-core', 'megatron.core'),), ('megatron.core.transformer.transformer_config',), ('megatron-core',)),
+    ),
+    'modelopt.max_calibrator_nan_safe': (
+        ('modelopt.max_calibrator_nan_safe', True, (('nvidia-modelopt', 'modelopt'),), ('modelopt.torch.quantization.calib.max',), ('nvidia-modelopt',)),
     ),
     'modelopt.qat.nvfp4_cpu_fake_quant': (
         ('modelopt.nvfp4_cpu_fake_quant', True, (('nvidia-modelopt', 'modelopt'),), ('modelopt.torch.quantization',), ('nvidia-modelopt',)),

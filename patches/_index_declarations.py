@@ -280,6 +280,17 @@ DECLARATIONS = {
         (('megatron-core', 'megatron.core'),),
         '._checks.routing_replay_keyword:check_routing_replay_keyword',
     ),
+    'modelopt.max_calibrator_nan_safe': (
+        'modelopt.max_calibrator_nan_safe',
+        'MaxCalibrator.collect zero-fills NaN and +/-inf inputs instead of asserting (dummy-weight calibration).',
+        'A vLLM rollout worker calibrates ModelOpt fake quantization on its dummy start-up weights, whose activations can overflow; collect then asserts on the NaN amax and the worker dies, although that amax is discarded before refit (NeMo-RL wraps collect in vllm_quant_patch.py for this).',
+        'https://github.com/NVIDIA/Model-Optimizer/blob/0.47.0/modelopt/torch/quantization/calib/max.py',
+        "Remove once ModelOpt's MaxCalibrator can skip or zero non-finite calibration inputs.",
+        (((('nvidia-modelopt', '>=0.43,<0.49'),), (('Wrap', 'modelopt.torch.quantization.calib.max:MaxCalibrator.collect', '._max_calibrator_nan_safe:wrap_collect'),), None, 'zero-fill-nonfinite'),),
+        True,
+        (('nvidia-modelopt', 'modelopt'),),
+        '._checks.max_calibrator_nan_safe:check_max_calibrator_nan_safe',
+    ),
     'modelopt.nvfp4_cpu_fake_quant': (
         'modelopt.nvfp4_cpu_fake_quant',
         'Pure-torch NVFP4 fake-quant backend so ModelOpt QAT runs without CUDA (CPU CI).',

@@ -561,6 +561,22 @@ RECORDS = {
             )),
         ),
     },
+    'modelopt.max_calibrator_nan_safe': {
+        'zero-fill-nonfinite': (
+            ((('nvidia-modelopt', '0.43.0'),), 'verified', (
+                ('modelopt.torch.quantization.calib.max:MaxCalibrator.collect', '8f03871c63359362'),
+            )),
+            ((('nvidia-modelopt', '0.44.0'),), 'verified', (
+                ('modelopt.torch.quantization.calib.max:MaxCalibrator.collect', '8f03871c63359362'),
+            )),
+            ((('nvidia-modelopt', '0.47.0'),), 'verified', (
+                ('modelopt.torch.quantization.calib.max:MaxCalibrator.collect', '8f03871c63359362'),
+            )),
+            ((('nvidia-modelopt', '0.48.0rc1'),), 'verified', (
+                ('modelopt.torch.quantization.calib.max:MaxCalibrator.collect', '8f03871c63359362'),
+            )),
+        ),
+    },
     'modelopt.nvfp4_cpu_fake_quant': {
         'nvidia-modelopt>=0.43,<0.48': (
             ((('nvidia-modelopt', '0.43.0'),), 'verified', (
