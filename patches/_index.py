@@ -8,7 +8,7 @@ FORMAT = 2
 
 FOLDERS = {
     '': ('bridge', 'entry_points.py', 'megatron', 'modelopt', 'vllm'),
-    'bridge': ('qat', 'signal_handler_main_thread.py'),
+    'bridge': ('qat', 'save_hf_adapter.py', 'signal_handler_main_thread.py'),
     'bridge.qat': ('expert_local_to_global.py', 'expert_sort_key.py', 'modelopt_layer_spec.py', 'quant_linear_parallelism.py', 'skip_quantizer_params.py'),
     'megatron': ('dist_checkpointing', 'gpt', 'memory', 'moe', 'mtp', 'parallel', 'rope', 'router_replay'),
     'megatron.dist_checkpointing': ('dist_ckpt_async_queue_reset.py', 'dist_ckpt_blocking_d2h.py', 'dist_ckpt_partial_load.py', 'dist_ckpt_safe_load.py'),
@@ -41,6 +41,9 @@ DECLARATIONS = {
     ),
     'bridge.qat.skip_quantizer_params': (
         ('bridge.skip_quantizer_params', False, (('megatron-bridge', 'megatron.bridge'),), ('megatron.bridge.models.conversion.model_bridge',), ('megatron-bridge',)),
+    ),
+    'bridge.save_hf_adapter': (
+        ('bridge.save_hf_adapter', False, (('megatron-bridge', 'megatron.bridge'),), ('megatron.bridge.models.conversion.auto_bridge',), ('megatron-bridge',)),
     ),
     'bridge.signal_handler_main_thread': (
         ('bridge.signal_handler_main_thread', False, (('megatron-bridge', 'megatron.bridge'),), ('megatron.bridge.training.utils.sig_utils',), ('megatron-bridge',)),

@@ -60,6 +60,17 @@ DECLARATIONS = {
         (('megatron-bridge', 'megatron.bridge'),),
         '._checks.skip_quantizer_params:check_skip_quantizer_params',
     ),
+    'bridge.save_hf_adapter': (
+        'bridge.save_hf_adapter',
+        'AutoBridge.save_hf_adapter on Bridge 0.3: LoRA adapters saved as a HuggingFace PEFT directory.',
+        'Bridge 0.3 exports adapter weights but cannot save them for peft/vLLM LoRA loading; 0.4 added save_hf_adapter (AReaL adds the method when it is missing).',
+        'https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/v0.4.2/src/megatron/bridge/models/conversion/auto_bridge.py',
+        'Native from Bridge 0.4; remove with support for Bridge 0.3.',
+        (((('megatron-bridge', '>=0.3.0rc0,<0.4.0rc0'),), (('Add', 'megatron.bridge.models.conversion.auto_bridge:AutoBridge.save_hf_adapter', '._save_hf_adapter:save_hf_adapter'),), None, 'v042-backport'), ((('megatron-bridge', '>=0.4.0rc0,<0.7.0rc0'),), (), 'AutoBridge.save_hf_adapter writes adapter_config.json and adapter_model.safetensors', None)),
+        False,
+        (('megatron-bridge', 'megatron.bridge'),),
+        '._checks.save_hf_adapter:check_save_hf_adapter',
+    ),
     'bridge.signal_handler_main_thread': (
         'bridge.signal_handler_main_thread',
         'DistributedSignalHandler can be entered off the main thread: the handler is installed on the main thread only.',

@@ -106,6 +106,20 @@ RECORDS = {
             )),
         ),
     },
+    'bridge.save_hf_adapter': {
+        'megatron-bridge>=0.4.0rc0,<0.7.0rc0': (
+            ((('megatron-bridge', '0.4.2'),), 'native', (
+            )),
+            ((('megatron-bridge', '0.5.1'),), 'native', (
+            )),
+            ((('megatron-bridge', '0.6.2'),), 'native', (
+            )),
+        ),
+        'v042-backport': (
+            ((('megatron-bridge', '0.3.1'),), 'verified', (
+            )),
+        ),
+    },
     'bridge.signal_handler_main_thread': {
         'main-thread-only': (
             ((('megatron-bridge', '0.2.0rc6'),), 'verified', (
