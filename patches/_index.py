@@ -8,7 +8,7 @@ FORMAT = 2
 
 FOLDERS = {
     '': ('bridge', 'entry_points.py', 'megatron', 'modelopt', 'vllm'),
-    'bridge': ('qat', 'signal_handler_main_thread.py'),
+    'bridge': ('qat', 'save_hf_adapter.py', 'signal_handler_main_thread.py'),
     'bridge.qat': ('expert_local_to_global.py', 'expert_sort_key.py', 'modelopt_layer_spec.py', 'quant_linear_parallelism.py', 'skip_quantizer_params.py'),
     'megatron': ('dist_checkpointing', 'gpt', 'memory', 'moe', 'mtp', 'parallel', 'rope', 'router_replay'),
     'megatron.dist_checkpointing': ('dist_ckpt_async_queue_reset.py', 'dist_ckpt_blocking_d2h.py', 'dist_ckpt_partial_load.py', 'dist_ckpt_safe_load.py'),
@@ -19,7 +19,7 @@ FOLDERS = {
     'megatron.parallel': ('tp_group_if_none_helper.py',),
     'megatron.rope': ('mla_thd_cp_rope.py',),
     'megatron.router_replay': ('moe_alltoall_replay_token_count.py', 'router_replay.py', 'router_replay_validation.py', 'routing_replay_keyword.py'),
-    'modelopt': ('qat',),
+    'modelopt': ('max_calibrator_nan_safe.py', 'qat'),
     'modelopt.qat': ('nvfp4_cpu_fake_quant.py',),
     'vllm': ('lora', 'moe_expert_weight_loaders.py', 'nvfp4_marlin_w4a16.py', 'refit', 'serve_signals_main_thread.py', 'shm_broadcast_bind_retry.py'),
     'vllm.lora': ('lora_from_tensors.py',),
@@ -32,6 +32,7 @@ DECLARATIONS = {
     'bridge.qat.modelopt_layer_spec': (('bridge.modelopt_layer_spec', False, (('megatron-bridge', 'megatron.bridge'),), ('megatron.bridge.models.gpt_provider',), ('megatron-bridge',)),),
     'bridge.qat.quant_linear_parallelism': (('bridge.quant_linear_parallelism', False, (('megatron-bridge', 'megatron.bridge'),), ('megatron.bridge.models.conversion.param_mapping',), ('megatron-bridge',)),),
     'bridge.qat.skip_quantizer_params': (('bridge.skip_quantizer_params', False, (('megatron-bridge', 'megatron.bridge'),), ('megatron.bridge.models.conversion.model_bridge',), ('megatron-bridge',)),),
+    'bridge.save_hf_adapter': (('bridge.save_hf_adapter', False, (('megatron-bridge', 'megatron.bridge'),), ('megatron.bridge.models.conversion.auto_bridge',), ('megatron-bridge',)),),
     'bridge.signal_handler_main_thread': (('bridge.signal_handler_main_thread', False, (('megatron-bridge', 'megatron.bridge'),), ('megatron.bridge.training.utils.sig_utils',), ('megatron-bridge',)),),
     'megatron.dist_checkpointing.dist_ckpt_async_queue_reset': (('megatron.dist_ckpt_async_queue_reset', False, (('megatron-core', 'megatron.core'),), ('megatron.core.dist_checkpointing.strategies.async_utils',), ('megatron-core',)),),
     'megatron.dist_checkpointing.dist_ckpt_blocking_d2h': (('megatron.dist_ckpt_blocking_d2h', True, (('megatron-core', 'megatron.core'),), ('megatron.core.dist_checkpointing.strategies.filesystem_async',), ('megatron-core',)),),
@@ -52,6 +53,7 @@ DECLARATIONS = {
     'megatron.router_replay.router_replay': (('megatron.router_replay', False, (('megatron-core', 'megatron.core'),), ('megatron.core.transformer.moe.router',), ('megatron-core',)),),
     'megatron.router_replay.router_replay_validation': (('megatron.router_replay_validation', False, (('megatron-core', 'megatron.core'),), ('megatron.core.transformer.moe.router',), ('megatron-core',)),),
     'megatron.router_replay.routing_replay_keyword': (('megatron.routing_replay_keyword', False, (('megatron-core', 'megatron.core'),), ('megatron.core.transformer.transformer_config',), ('megatron-core',)),),
+    'modelopt.max_calibrator_nan_safe': (('modelopt.max_calibrator_nan_safe', True, (('nvidia-modelopt', 'modelopt'),), ('modelopt.torch.quantization.calib.max',), ('nvidia-modelopt',)),),
     'modelopt.qat.nvfp4_cpu_fake_quant': (('modelopt.nvfp4_cpu_fake_quant', True, (('nvidia-modelopt', 'modelopt'),), ('modelopt.torch.quantization',), ('nvidia-modelopt',)),),
     'vllm.lora.lora_from_tensors': (('vllm.lora_from_tensors', False, (('vllm', 'vllm'),), ('vllm.lora.worker_manager',), ('vllm',)),),
     'vllm.moe_expert_weight_loaders': (('vllm.moe_expert_weight_loaders', False, (('vllm', 'vllm'),), (), ('vllm',)),),

@@ -299,4 +299,8 @@ def test_patches_declared_at_startup_install_when_bridge_is_imported(tmp_path):
     # Its module (training/utils/sig_utils) is not imported here: it waits for it, or is native from 0.6.
     expected["bridge.signal_handler_main_thread"] = (
         ["skipped", "native"] if BRIDGE >= Version("0.6.0") else ["pending", None])
+    # Bridge 0.3 gets the method; 0.4+ has it; 0.2 has no adapter export to build it on.
+    expected["bridge.save_hf_adapter"] = (
+        ["skipped", "unsupported_version"] if BRIDGE < Version("0.3.0rc0")
+        else ["applied", None] if BRIDGE < Version("0.4.0rc0") else ["skipped", "native"])
     assert states == expected
