@@ -85,11 +85,11 @@ class _MainThreadWrites:
     """The main thread's writes in progress through one capture's stand-ins, and the signals held until
     they finish.
 
-    Python runs a signal handler in the main thread between two bytecodes, those of a finalizer the
-    garbage collector runs in the middle of a write included: after the stand-in chose the capture's
-    file and before the text reached it. A handler that ended the capture there would close the file
-    under that write, and, run by a finalizer, its exception (Ctrl-C's ``KeyboardInterrupt``) would be
-    printed and dropped instead of raised. So the capture's handler holds a signal that lands inside
+    Python runs a signal handler in the main thread between two bytecodes, and those may be a
+    finalizer's that the garbage collector runs in the middle of a write: after the stand-in chose the
+    capture's file, before the text reached it. A handler that ended the capture there would close the
+    file under that write, and, run by a finalizer, its exception (Ctrl-C's ``KeyboardInterrupt``) would
+    be printed and dropped instead of raised. So the capture's handler holds a signal that lands inside
     such a write, and the write raises it again once it is done, where it propagates as from any other
     line. Only the main thread counts: no other thread runs signal handlers.
     """
