@@ -154,8 +154,9 @@ class RunsTheSigintHandler:
 
 class FinalizeOnceTheFileIsChosen:
     """A trace function: when a stand-in's ``_current()`` returns (the capture file chosen, nothing
-    written yet), a finalizer that runs the SIGINT handler runs there, once. The sweep above met this
-    when the garbage collector freed an earlier capture's stand-in at that moment."""
+    written yet), a finalizer that runs the SIGINT handler runs there, once. The sweep above can meet
+    this by chance: an earlier capture's stand-in, kept in a reference cycle, is freed by the garbage
+    collector during a later capture, and its ``close`` runs lines of the swept file."""
 
     def __init__(self) -> None:
         self.chosen: list[Any] = []
