@@ -53,11 +53,6 @@ CONSTRAINTS = ROOT / "constraints"
 #: The most pytest-xdist workers a test session starts unless WORKERS_VARIABLE says otherwise.
 MAX_TEST_WORKERS = 4
 WORKERS_VARIABLE = "PYTEST_XDIST_AUTO_NUM_WORKERS"
-#: Environments whose tests run in one process. The engine's output-capture sweep (a SIGINT at every
-#: line of a capture, checking the streams after each) has failed with "I/O operation on closed file"
-#: inside a pytest-xdist worker on a fresh checkout, and passes in one process: until that is
-#: understood, the engine's tests run serially (about 1.5 minutes more).
-SERIAL_ENVIRONMENTS = frozenset({"engine", "engine-py3.13"})
 
 #: The main job's upstreams: what a Megatron + ModelOpt + Megatron-Bridge trainer has installed today
 #: (Python 3.12), as the export-bridge-0.6 environment of compat_matrix.yaml installs them. Bridge goes
@@ -155,10 +150,9 @@ def _tests_session(name: str, env: dict):
         _install(session, env.get("uninstall", []))
         REPORTS.mkdir(parents=True, exist_ok=True)
         targets = pytest_targets.pytest_targets(env["tests"], session.posargs, ROOT)
-        workers = 0 if name in SERIAL_ENVIRONMENTS else _test_workers()
         # Test files are shared out between workers whole (`loadfile`): a file's tests run in one process, in
         # order, as they do serially. `-- -n 0` on the command line runs the session in one process.
-        session.run("pytest", "-q", "-p", "no:cacheprovider", f"--numprocesses={workers}",
+        session.run("pytest", "-q", "-p", "no:cacheprovider", f"--numprocesses={_test_workers()}",
                     "--dist=loadfile", f"--junitxml={REPORTS / name}.xml", *targets,
                     env={str(k): str(v) for k, v in env.get("env", {}).items()})
         if RECORD != "off" and not session.posargs:

@@ -18,7 +18,11 @@ What the capture guarantees, whatever the block does:
   (:func:`.runtime.interrupts.deferred`); during the block a Python signal handler that raises
   (Ctrl-C's ``KeyboardInterrupt``, a ``SystemExit`` from a SIGTERM handler) first ends the capture, so
   its traceback reaches the terminal and descriptors 1/2, the ``patchkit`` logger and the warning
-  filters are back as they were, wherever the signal lands.
+  filters are back as they were, wherever the signal lands. A signal that lands in the middle of a
+  write to the capture (the file chosen, the bytes not yet written: a finalizer the garbage collector
+  runs there may be where the handler runs) waits for that write to finish and is raised again at its
+  end: the write never finds the file closed, and the handler's exception propagates from the write
+  instead of being dropped with the finalizer's.
 * Another thread's output is kept: written to the file while the capture runs, to the real stream
   once it has ended, never to a closed file.
 * A thread the block started and left running (a timed-out self-check) cannot write into standard
@@ -31,6 +35,7 @@ What the capture guarantees, whatever the block does:
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # no stub; as in .runtime.interrupts
 import functools
 import io
 import logging
@@ -42,11 +47,13 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import IO, Any, cast
+from typing import IO, Any, TypeVar, cast
 
 from .runtime import interrupts
 
 logger = logging.getLogger(__name__)
+
+_Result = TypeVar("_Result")
 
 
 @dataclass
@@ -74,19 +81,46 @@ def captured(report: IO[str]) -> _Capture:
     return _Capture(report)
 
 
+class _MainThreadWrites:
+    """The main thread's writes in progress through one capture's stand-ins, and the signals held until
+    they finish.
+
+    Python runs a signal handler in the main thread between two bytecodes, and those may be a
+    finalizer's that the garbage collector runs in the middle of a write: after the stand-in chose the
+    capture's file, before the text reached it. A handler that ended the capture there would close the
+    file under that write, and, run by a finalizer, its exception (Ctrl-C's ``KeyboardInterrupt``) would
+    be printed and dropped instead of raised. So the capture's handler holds a signal that lands inside
+    such a write, and the write raises it again once it is done, where it propagates as from any other
+    line. Only the main thread counts: no other thread runs signal handlers.
+    """
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.held: list[int] = []
+
+    def deliver(self) -> None:
+        """Raise each held signal again, once, now that no write is in progress (its handler runs here)."""
+        held, self.held = dict.fromkeys(self.held), []
+        for signum in held:
+            _signal.raise_signal(signum)
+
+
 class _Redirected(io.TextIOBase):
     """What ``sys.stdout``/``sys.stderr`` are during a capture, and stay for whoever kept them.
 
     Writes go to ``during`` (the capture file) until :meth:`end`, then to the real stream ``after``;
     a thread listed in ``left_behind`` writes to ``diverted`` instead of ``after``. A lock makes the
-    switch and each write exclusive, so no write lands in a file being closed. Reentrant: a signal
-    handler that ends the capture may run in the middle of a write of the same thread.
+    switch and each write exclusive, so no other thread's write lands in a file being closed; the main
+    thread's writes are counted in ``writes``, so that a signal landing in one waits for its end (see
+    :class:`_MainThreadWrites`). Reentrant: a signal handler may still run in the middle of a write of
+    the same thread (one the capture does not hold).
     """
 
-    def __init__(self, during: IO[str], after: IO[str]) -> None:
+    def __init__(self, during: IO[str], after: IO[str], writes: _MainThreadWrites | None = None) -> None:
         super().__init__()
         self._target, self._after = during, after
         self._lock = threading.RLock()
+        self._writes = writes
         self.left_behind: frozenset[threading.Thread] = frozenset()
         self.diverted: IO[str] | None = None
 
@@ -103,17 +137,30 @@ class _Redirected(io.TextIOBase):
             finally:
                 self._target = self._after
 
-    def write(self, text: str) -> int:
+    def _on_current(self, operation: Callable[[IO[str]], _Result]) -> _Result:
+        """``operation`` on the stream writes go to now, exclusive of the switch; in the main thread,
+        counted as a write in progress, and the signals held during it raised again at its end."""
         with self._lock:
-            return self._current().write(text)
+            writes = self._writes
+            if writes is None or threading.current_thread() is not threading.main_thread():
+                return operation(self._current())
+            writes.depth += 1
+            try:
+                return operation(self._current())
+            finally:
+                writes.depth -= 1
+                if writes.held and not writes.depth:
+                    writes.deliver()
+
+    def write(self, text: str) -> int:
+        return self._on_current(lambda stream: stream.write(text))
 
     def writelines(self, lines: Any) -> None:
         for line in lines:
             self.write(line)
 
     def flush(self) -> None:
-        with self._lock:
-            self._current().flush()
+        self._on_current(lambda stream: stream.flush())
 
     def fileno(self) -> int:
         return self._current().fileno()
@@ -148,6 +195,7 @@ class _Capture:
         self.result = Captured()
         self._undo: list[Callable[[], None]] = []
         self._originals: interrupts.Handlers = {}
+        self._writes = _MainThreadWrites()
         self._active = False
         #: fd 1 is restored as a copy of fd 2: the block left a thread running (see :meth:`_settle`).
         self._stdout_to_stderr = False
@@ -183,6 +231,9 @@ class _Capture:
                 handlers[signum] = self._originals[signum]
 
     def _on_signal(self, signum: int, frame: Any) -> None:
+        if self._active and self._writes.depth:  # inside a write to the capture: raised again at its end
+            self._writes.held.append(signum)
+            return
         handler = self._originals[signum]
         if not self._active:  # a handler installed during the block kept ours: nothing to end any more
             handler(signum, frame)
@@ -236,7 +287,8 @@ class _Capture:
         text_sink = io.TextIOWrapper(io.FileIO(sink.fileno(), "w", closefd=False), encoding="utf-8",
                                      errors="replace", write_through=True)
         self._undo.append(text_sink.close)
-        redirected = (_Redirected(text_sink, streams[0]), _Redirected(text_sink, streams[1]))
+        redirected = (_Redirected(text_sink, streams[0], self._writes),
+                      _Redirected(text_sink, streams[1], self._writes))
         self._undo.append(lambda: self._settle(redirected, streams, threads_before, saved))
         for fd in saved:
             os.dup2(sink.fileno(), fd)
@@ -254,6 +306,9 @@ class _Capture:
                     step()
                 except Exception:  # noqa: BLE001 - the other steps must run; this one cannot be retried
                     logger.debug("patchkit: restoring after an upstream-output capture failed", exc_info=True)
+        if not self._writes.depth:
+            # A signal held by a write that ended as another signal ended the capture: not lost.
+            self._writes.deliver()
 
     def _settle(self, redirected: tuple[_Redirected, _Redirected], streams: tuple[IO[str], IO[str]],
                 threads_before: frozenset[threading.Thread], saved: dict[int, int]) -> None:

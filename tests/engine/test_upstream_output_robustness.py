@@ -5,6 +5,8 @@
 * Ctrl-C at any point of the capture's set-up, block or tear-down leaves descriptors 1/2,
   ``sys.stdout``/``sys.stderr``, the ``patchkit`` logger, the warning filters and the signal
   handlers as they were, and the ``KeyboardInterrupt`` reaches the real stderr;
+* Ctrl-C whose handler a finalizer runs in the middle of a write (the capture file chosen, the text
+  not yet written) is raised at the write's end, and the write lands in the file;
 * another thread printing across many captures loses no line and never writes to a closed file;
 * no writable temporary directory: nothing captured, one warning, no crash (``patchkit status`` too);
 * a timed-out self-check that keeps printing cannot write into ``patchkit doctor --json``'s stdout.
@@ -140,6 +142,59 @@ def test_sigint_at_every_line_of_a_capture_restores_the_descriptors_and_the_logg
             sys.stdout, sys.stderr = before["stdout"], before["stderr"]
             _signal.signal(_signal.SIGINT, before["sigint"])
     assert not broken, f"{len(broken)} of {counter.count} points left state behind: {broken[:5]}"
+
+
+class RunsTheSigintHandler:
+    """An object whose finalizer runs the SIGINT handler in place, as a signal landing while the garbage
+    collector finalizes an object runs it there (what a finalizer raises, Python prints and drops)."""
+
+    def __del__(self) -> None:
+        _signal.getsignal(_signal.SIGINT)(_signal.SIGINT, None)
+
+
+class FinalizeOnceTheFileIsChosen:
+    """A trace function: when a stand-in's ``_current()`` returns (the capture file chosen, nothing
+    written yet), a finalizer that runs the SIGINT handler runs there, once. The sweep above can meet
+    this by chance: an earlier capture's stand-in, kept in a reference cycle, is freed by the garbage
+    collector during a later capture, and its ``close`` runs lines of the swept file."""
+
+    def __init__(self) -> None:
+        self.chosen: list[Any] = []
+
+    def __call__(self, frame: Any, event: str, arg: Any) -> Any:
+        if event == "call" and frame.f_code is upstream_output_module._Redirected._current.__code__:
+            return self.on_return
+        return None
+
+    def on_return(self, frame: Any, event: str, arg: Any) -> Any:
+        if event == "return" and not self.chosen:
+            self.chosen.append(arg)
+            RunsTheSigintHandler()  # dropped at once: its finalizer runs now
+        return self.on_return
+
+
+@pytest.mark.skipif(sys.gettrace() is not None, reason="the test needs the trace hook to itself")
+def test_ctrl_c_run_by_a_finalizer_between_choosing_the_capture_file_and_writing_is_raised_after_the_write(
+        capfd, ctrl_c_raises, monkeypatch):
+    capfd.readouterr()
+    before = state_of_the_process()
+    dropped: list[Any] = []
+    monkeypatch.setattr(sys, "unraisablehook", dropped.append)
+    hook = FinalizeOnceTheFileIsChosen()
+    with pytest.raises(KeyboardInterrupt):
+        with captured(io.StringIO()) as upstream:
+            sys.settrace(hook)
+            try:
+                print("inside")
+            finally:
+                sys.settrace(None)
+    os.write(1, b"after\n")
+    out = capfd.readouterr().out
+    assert hook.chosen and hook.chosen[0] is not before["stdout"], "the finalizer did not run mid-write"
+    assert not dropped, f"a finalizer dropped the handler's exception: {dropped[0].exc_value!r}"
+    assert upstream.text.startswith("inside"), upstream.text  # the write landed in the capture file
+    assert out == "after\n"
+    assert state_of_the_process() == before
 
 
 SIGINT_IN_A_CHILD = r"""
