@@ -13,7 +13,9 @@ What the capture guarantees, whatever the block does:
 * Nothing is left pointing at the capture once it ends. ``sys.stdout``/``sys.stderr`` are stand-ins
   (:class:`_Redirected`) that write to the temporary file during the block and to the real streams
   after it, so a logging handler, a thread or a module that kept them keeps working; handlers created
-  during the block are repointed at the real streams.
+  during the block are repointed at the real streams. Their ``buffer`` follows the same switch, and
+  their ``fileno()`` is 1 or 2 during the block (the descriptors that point at the file then), so a
+  kept buffer or number reaches the real stream afterwards, never a closed file.
 * Set-up and tear-down are atomic under signals. Both run with signals held
   (:func:`.runtime.interrupts.deferred`); during the block a Python signal handler that raises
   (Ctrl-C's ``KeyboardInterrupt``, a ``SystemExit`` from a SIGTERM handler) first ends the capture, so
@@ -116,9 +118,13 @@ class _Redirected(io.TextIOBase):
     the same thread (one the capture does not hold).
     """
 
-    def __init__(self, during: IO[str], after: IO[str], writes: _MainThreadWrites | None = None) -> None:
+    def __init__(self, during: IO[str], after: IO[str], writes: _MainThreadWrites | None = None,
+                 descriptor: int | None = None) -> None:
         super().__init__()
-        self._target, self._after = during, after
+        self._target, self._after, self._during = during, after, during
+        #: The descriptor (1 or 2) pointed at ``during`` for the block: what :meth:`fileno` names then.
+        self._descriptor = descriptor
+        self._buffer = _RedirectedBuffer(self)
         self._lock = threading.RLock()
         self._writes = writes
         self.left_behind: frozenset[threading.Thread] = frozenset()
@@ -163,7 +169,12 @@ class _Redirected(io.TextIOBase):
         self._on_current(lambda stream: stream.flush())
 
     def fileno(self) -> int:
-        return self._current().fileno()
+        """During the block, the real descriptor (1 or 2), which points at the capture file until the
+        block ends: a number kept past it names the real stream again, never a closed or reused one."""
+        stream = self._current()
+        if stream is self._during and self._descriptor is not None:
+            return self._descriptor
+        return stream.fileno()
 
     def isatty(self) -> bool:
         return self._current().isatty()
@@ -181,10 +192,42 @@ class _Redirected(io.TextIOBase):
 
     @property
     def buffer(self) -> Any:
-        return cast(Any, self._current()).buffer
+        """A binary stand-in that follows the same switch (code that kept it writes to the real stream
+        after the block); missing, as on the stream itself, where the current stream has no buffer."""
+        cast(Any, self._current()).buffer  # noqa: B018 - AttributeError where the stream has none
+        return self._buffer
 
     def close(self) -> None:
         """Not closed by anyone who borrowed it: the real streams are not theirs to close."""
+
+
+class _RedirectedBuffer(io.RawIOBase):
+    """``buffer`` of a :class:`_Redirected`: bytes go where its text goes now, after the text written
+    before them (the stream's pending text is flushed first)."""
+
+    def __init__(self, text: _Redirected) -> None:
+        super().__init__()
+        self._text = text
+
+    def write(self, data: Any) -> int:
+        def write_bytes(stream: IO[str]) -> int:
+            stream.flush()
+            written = cast(Any, stream).buffer.write(data)
+            return len(data) if written is None else written
+
+        return self._text._on_current(write_bytes)
+
+    def flush(self) -> None:
+        self._text._on_current(lambda stream: (stream.flush(), cast(Any, stream).buffer.flush()))
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._text.fileno()
+
+    def close(self) -> None:
+        """Not closed by anyone who borrowed it, like the text stand-in."""
 
 
 class _Capture:
@@ -287,8 +330,8 @@ class _Capture:
         text_sink = io.TextIOWrapper(io.FileIO(sink.fileno(), "w", closefd=False), encoding="utf-8",
                                      errors="replace", write_through=True)
         self._undo.append(text_sink.close)
-        redirected = (_Redirected(text_sink, streams[0], self._writes),
-                      _Redirected(text_sink, streams[1], self._writes))
+        redirected = (_Redirected(text_sink, streams[0], self._writes, descriptor=1),
+                      _Redirected(text_sink, streams[1], self._writes, descriptor=2))
         self._undo.append(lambda: self._settle(redirected, streams, threads_before, saved))
         for fd in saved:
             os.dup2(sink.fileno(), fd)

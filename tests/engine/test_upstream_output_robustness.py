@@ -8,6 +8,7 @@
 * Ctrl-C whose handler a finalizer runs in the middle of a write (the capture file chosen, the text
   not yet written) is raised at the write's end, and the write lands in the file;
 * another thread printing across many captures loses no line and never writes to a closed file;
+* a ``sys.stdout.buffer`` or ``fileno()`` kept from inside the capture writes to the real stream after it;
 * no writable temporary directory: nothing captured, one warning, no crash (``patchkit status`` too);
 * a timed-out self-check that keeps printing cannot write into ``patchkit doctor --json``'s stdout.
 """
@@ -341,3 +342,19 @@ def test_a_timed_out_check_that_keeps_printing_cannot_write_into_doctor_json(mak
         (verdict,) = report["patches"]
         assert verdict["verdict"] == "failed" and "did not finish" in verdict["message"], verdict
         assert done.returncode == 1
+
+
+def test_a_buffer_and_a_descriptor_number_kept_from_inside_the_capture_reach_the_real_stream_after_it(capfd):
+    # What a module imported during the capture may keep (a binary writer, a descriptor for C code).
+    with captured(io.StringIO()) as upstream:
+        kept_buffer, kept_number = sys.stdout.buffer, sys.stdout.fileno()
+        kept_buffer.write(b"bytes during\n")
+        kept_buffer.flush()
+        os.write(kept_number, b"descriptor during\n")
+    kept_buffer.write(b"bytes after\n")
+    kept_buffer.flush()
+    os.write(kept_number, b"descriptor after\n")
+    out, err = capfd.readouterr()
+    assert "bytes during\n" in upstream.text and "descriptor during\n" in upstream.text
+    assert out == "bytes after\ndescriptor after\n", (out, err)
+    assert "closed file" not in err
