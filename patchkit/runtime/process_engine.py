@@ -115,7 +115,10 @@ def apply_all_from_index(
             return None
         records = []
         for package in catalogues:
-            catalogue_index = index.current(package)
+            try:
+                catalogue_index = index.current(package)
+            except Exception:
+                return None  # an index that fails to import: the engine reads the declarations and says so
             if catalogue_index is None:
                 return None  # no index, another format, or stale: the engine reads the declarations and says so
             records += [record for patches in catalogue_index.DECLARATIONS.values() for record in patches]

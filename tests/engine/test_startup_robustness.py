@@ -1,0 +1,69 @@
+"""The first ``patchkit.apply_all()`` of a process when the catalogue's index is broken, missing or stale.
+
+The start-up pass reads the index alone; whatever it cannot read must reach the engine, which reads
+the declarations instead, as it always did: ``apply_all()`` never raises for a broken index, and it
+records what the engine records. Each case runs a copy of this patchkit, its index damaged, in a fresh
+interpreter, once through ``patchkit.apply_all()`` and once through the engine directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import patchkit
+import patchkit.patches
+
+CALL = """
+    import json
+    import patchkit
+    try:
+        statuses = [s.to_dict() for s in {call}]
+    except BaseException as exc:
+        statuses = repr(exc)
+    print(json.dumps({{"statuses": statuses, "later": [s.to_dict() for s in patchkit.status()]}}))
+"""
+
+
+def _damaged_copy(root: Path, damage: str) -> Path:
+    """A copy of this patchkit and its catalogue under ``root``, its index damaged as ``damage`` says."""
+    package = root / "patchkit"
+    shutil.copytree(Path(patchkit.__file__).parent, package, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(Path(patchkit.patches.__path__[0]), package / "patches",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    index = package / "patches" / "_index.py"
+    if damage == "not python":
+        index.write_text(index.read_text() + "\nthis is not python(\n")
+    elif damage == "raises on import":
+        index.write_text(index.read_text() + "\nraise ImportError('half-written index')\n")
+    elif damage == "missing":
+        index.unlink()
+    elif damage == "a declaration module gone":
+        (package / "patches" / "megatron" / "gpt" / "output_processor.py").unlink()
+    return root
+
+
+def _run(copy: Path, call: str) -> dict:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("PATCHKIT_")}
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(CALL.format(call=call))], cwd=copy,
+                            capture_output=True, text=True, timeout=120, env={**clean, "PYTHONPATH": str(copy)})
+    assert result.returncode == 0, result.stderr
+    found: dict = json.loads(result.stdout)
+    return found
+
+
+@pytest.mark.parametrize("damage", ["not python", "raises on import", "missing", "a declaration module gone"])
+def test_a_broken_index_costs_the_first_apply_all_nothing(tmp_path, damage):
+    copy = _damaged_copy(tmp_path, damage)
+    first = _run(copy, "patchkit.apply_all()")
+    engine = _run(copy, "patchkit.engine().apply_all()")
+    assert isinstance(first["statuses"], list), first["statuses"]
+    assert first == engine
+    assert any(s["id"] == "megatron.mtp_postprocess" for s in first["later"])
