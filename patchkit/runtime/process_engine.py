@@ -68,8 +68,14 @@ def engine() -> Engine:
 
                 patches, errors = catalogue.load()
                 built = Engine(patches, errors)
-                if _settled is not None and _settled_with is not None:
-                    built.take_over(_settled, _settled_with)
+                try:
+                    if _settled is not None and _settled_with is not None:
+                        built.take_over(_settled, _settled_with)
+                except BaseException:
+                    # Interrupted (Ctrl-C) half-way: the next call builds another engine, and this one,
+                    # kept alive by the traceback, must not hear imports beside it (both would install).
+                    import_watch.forget(built)
+                    raise
                 _engine, _settled = built, None
                 import_watch.forget(_WATCH)
     return _engine

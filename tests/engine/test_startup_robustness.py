@@ -67,3 +67,39 @@ def test_a_broken_index_costs_the_first_apply_all_nothing(tmp_path, damage):
     assert isinstance(first["statuses"], list), first["statuses"]
     assert first == engine
     assert any(s["id"] == "megatron.mtp_postprocess" for s in first["later"])
+
+
+INTERRUPTED_TAKE_OVER = """
+    import gc, sys
+    import patchkit
+    from patchkit.runtime import import_watch
+    patchkit.apply_all()
+    calls = []
+
+    def interrupt_the_second_settle(frame, event, arg):  # Ctrl-C while the engine takes over, as a signal lands
+        if event == "call" and frame.f_code.co_name == "_settle":
+            calls.append(frame)
+            if len(calls) == 2:
+                sys.settrace(None)
+                raise KeyboardInterrupt
+        return None
+
+    sys.settrace(interrupt_the_second_settle)
+    try:
+        patchkit.status()
+    except KeyboardInterrupt as exc:
+        kept = exc  # what a REPL (sys.last_value) or a test runner keeps, and the half-built engine with it
+    sys.settrace(None)
+    assert len(calls) == 2, len(calls)
+    patchkit.status()
+    gc.collect()
+    print(sum(type(listener).__name__ == "Engine" for listener in import_watch._LISTENERS))
+"""
+
+
+def test_an_engine_interrupted_while_taking_over_hears_no_import():
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("PATCHKIT_")}
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(INTERRUPTED_TAKE_OVER)], capture_output=True,
+                            text=True, timeout=120, env=clean)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["1"]  # the engine built on the retry, alone: each import installs once
