@@ -20,7 +20,9 @@ a toggle that is not only ``PATCHKIT_ENABLE``/``DISABLE``/``OPT_IN``/``FORCE``, 
 problem to report, a stale index), the call goes to the engine, as before.
 
 Locks. ``_engine_lock`` is held while the engine is built or the start-up pass settles, never while a
-hook is armed (an armed hook may run at once and build the engine); it is renewed in a forked child.
+hook is armed (an armed hook may run at once and build the engine), nor while the engine's modules
+are first imported (their imports run post-import hooks, which may ask for the engine in this thread);
+it is renewed in a forked child.
 """
 
 from __future__ import annotations
@@ -61,11 +63,13 @@ def engine() -> Engine:
     start-up pass settled, if it ran)."""
     global _engine, _settled
     if _engine is None:
+        # Imported before the lock is taken: the first import of a module the engine needs (threading,
+        # say) runs its post-import hooks, and one of them may ask for the engine in this thread.
+        from . import catalogue
+        from .engine import Engine
+
         with _engine_lock:
             if _engine is None:
-                from . import catalogue
-                from .engine import Engine
-
                 patches, errors = catalogue.load()
                 built = Engine(patches, errors)
                 try:

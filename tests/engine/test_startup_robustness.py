@@ -103,3 +103,34 @@ def test_an_engine_interrupted_while_taking_over_hears_no_import():
                             text=True, timeout=120, env=clean)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["1"]  # the engine built on the retry, alone: each import installs once
+
+
+HOOK_ASKING_DURING_THE_BUILD = """
+    import sys
+    import patchkit
+    from patchkit.runtime import hooks
+    patchkit.apply_all()
+    assert "threading" not in sys.modules  # start-up left it out; building the engine imports it
+    answers = []
+
+    def ask_patchkit(module):  # a post-import hook of another library, calling into patchkit
+        try:
+            answers.append(len(patchkit.status()))
+        except ImportError as exc:  # the engine's own module is half-imported in this thread
+            answers.append(type(exc).__name__)
+
+    hooks.register("threading", ask_patchkit)
+    print(len(patchkit.status()), answers)
+"""
+
+
+def test_a_hook_asking_for_the_engine_while_it_is_built_does_not_hang():
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("PATCHKIT_")}
+    try:
+        result = subprocess.run([sys.executable, "-c", textwrap.dedent(HOOK_ASKING_DURING_THE_BUILD)],
+                                capture_output=True, text=True, timeout=60, env=clean)
+    except subprocess.TimeoutExpired:
+        pytest.fail("patchkit.status() hung: the hook waited for the lock its own thread held")
+    assert result.returncode == 0, result.stderr
+    count, answers = result.stdout.split(maxsplit=1)
+    assert int(count) > 0 and answers.strip() == "['ImportError']"
