@@ -16,10 +16,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+import patchkit.patches
 import pytest
 
 import patchkit
-import patchkit.patches
 
 CALL = """
     import json
