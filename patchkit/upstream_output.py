@@ -31,6 +31,7 @@ What the capture guarantees, whatever the block does:
   output afterwards: its ``print`` goes to standard error, and so does anything written to descriptor
   1, while the main thread's writes to ``sys.stdout`` (a JSON report) still reach the real standard
   output.
+  A later capture still takes what every other thread writes through that ``sys.stdout``.
 * Without a writable temporary directory nothing is captured: one warning, and the block runs with
   its output going where it always goes.
 """
@@ -46,6 +47,7 @@ import sys
 import tempfile
 import threading
 import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
@@ -142,6 +144,20 @@ class _Redirected(io.TextIOBase):
                 self._target.flush()
             finally:
                 self._target = self._after
+
+    def send_to(self, stream: IO[str]) -> Callable[[], None]:
+        """Write to ``stream`` until the returned step is called (a later capture's file)."""
+        with self._lock:
+            previous, self._target = self._target, stream
+
+        def back() -> None:
+            with self._lock:
+                try:
+                    self._target.flush()
+                finally:
+                    self._target = previous
+
+        return back
 
     def _on_current(self, operation: Callable[[IO[str]], _Result]) -> _Result:
         """``operation`` on the stream writes go to now, exclusive of the switch; in the main thread,
@@ -330,6 +346,10 @@ class _Capture:
         text_sink = io.TextIOWrapper(io.FileIO(sink.fileno(), "w", closefd=False), encoding="utf-8",
                                      errors="replace", write_through=True)
         self._undo.append(text_sink.close)
+        # A standard output kept away from a thread an earlier capture left running writes to a copy of
+        # the real descriptor 1, which this capture's dup2 does not reach: it follows the capture itself.
+        for router in list(_ROUTERS):
+            self._undo.append(router.send_to(text_sink))
         redirected = (_Redirected(text_sink, streams[0], self._writes, descriptor=1),
                       _Redirected(text_sink, streams[1], self._writes, descriptor=2))
         self._undo.append(lambda: self._settle(redirected, streams, threads_before, saved))
@@ -415,6 +435,10 @@ def _repoint_handlers(stand_in: _Redirected, real: IO[str]) -> None:
                 handler.setStream(real)
 
 
+#: Every ``sys.stdout`` made by :func:`_standard_output_without` still in use (a handler may hold one).
+_ROUTERS: weakref.WeakSet[_Redirected] = weakref.WeakSet()
+
+
 def _standard_output_without(left_behind: frozenset[threading.Thread], stdout_fd: int,
                              streams: tuple[IO[str], IO[str]]) -> _Redirected:
     """A ``sys.stdout`` on the real standard output (a copy of ``stdout_fd``) for every thread but
@@ -424,4 +448,5 @@ def _standard_output_without(left_behind: frozenset[threading.Thread], stdout_fd
     router = _Redirected(kept, kept)
     router.end()
     router.left_behind, router.diverted = left_behind, streams[1]
+    _ROUTERS.add(router)
     return router

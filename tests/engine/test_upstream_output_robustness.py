@@ -10,7 +10,8 @@
 * another thread printing across many captures loses no line and never writes to a closed file;
 * a ``sys.stdout.buffer`` or ``fileno()`` kept from inside the capture writes to the real stream after it;
 * no writable temporary directory: nothing captured, one warning, no crash (``patchkit status`` too);
-* a timed-out self-check that keeps printing cannot write into ``patchkit doctor --json``'s stdout.
+* a timed-out self-check that keeps printing cannot write into ``patchkit doctor --json``'s stdout;
+* after a capture that left a thread running, later captures still take what a kept logger writes.
 """
 
 from __future__ import annotations
@@ -358,3 +359,34 @@ def test_a_buffer_and_a_descriptor_number_kept_from_inside_the_capture_reach_the
     assert "bytes during\n" in upstream.text and "descriptor during\n" in upstream.text
     assert out == "bytes after\ndescriptor after\n", (out, err)
     assert "closed file" not in err
+
+
+KEPT_LOGGER_ACROSS_CAPTURES = '''
+import io, logging, sys, threading
+from patchkit.upstream_output import captured
+
+stop = threading.Event()
+logger = logging.getLogger("toy_upstream")
+logger.propagate = False
+with captured(io.StringIO()) as first:
+    logger.addHandler(logging.StreamHandler(sys.stdout))  # as vLLM's logging configuration does at import
+    threading.Thread(target=stop.wait, daemon=True).start()  # a thread the import leaves running
+    logger.warning("said in the first capture")
+with captured(io.StringIO()) as later:
+    logger.warning("said in a later capture")
+    print("printed in a later capture")
+stop.set()
+logger.warning("said after the captures")
+print(repr(first.text), repr(later.text), file=sys.stderr)
+'''
+
+
+def test_captures_after_one_that_left_a_thread_running_still_take_what_a_kept_logger_writes():
+    # The first capture keeps the thread away from standard output (sys.stdout becomes a stand-in on a
+    # copy of descriptor 1); the handler that held the capture's stdout now holds that stand-in, and a
+    # later capture must take what it writes, as `patchkit doctor` does check after check.
+    done = subprocess.run([sys.executable, "-c", KEPT_LOGGER_ACROSS_CAPTURES], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "said after the captures\n", (done.stdout, done.stderr)
+    assert "said in a later capture" in done.stderr and "printed in a later capture" in done.stderr
