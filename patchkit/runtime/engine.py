@@ -75,9 +75,12 @@ class Engine:
 
     def __init__(self, patches: Iterable[Registered | Indexed] = (),
                  catalogue_errors: Iterable[CatalogueLoadFailure] = (), matrix: "RecordSource" = None) -> None:
-        if not (matrix is None or callable(matrix) or isinstance(matrix, Mapping)):
-            raise TypeError(f"Engine(matrix=...) takes records, not {type(matrix).__name__}: for a matrix file or "
-                            f"a loaded Matrix, pass patchkit.matrix.index.source(it)")
+        if matrix is not None and not callable(matrix):
+            from collections.abc import Mapping  # for this check only: `typing` is not imported at start-up
+
+            if not isinstance(matrix, Mapping):
+                raise TypeError(f"Engine(matrix=...) takes records, not {type(matrix).__name__}: for a matrix "
+                                f"file or a loaded Matrix, pass patchkit.matrix.index.source(it)")
         self._lock = threading.RLock()
         #: Where drift fingerprints come from (see patchkit.runtime.drift.RecordSource); read on first install.
         self._matrix = matrix
