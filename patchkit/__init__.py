@@ -98,10 +98,10 @@ def apply_all(
     Declaration modules named in ``PATCHKIT_EXTRA_PATCHES`` are registered first.
     """
     register_extra_patches(environ)
-    settled = process_engine.apply_all_from_index(enable=enable, disable=disable, force=force, opt_in=opt_in,
-                                                  strict=strict, environ=environ)
-    if settled is not None:
-        return settled
+    if all(given is None for given in (enable, disable, force, opt_in, strict)):
+        settled = process_engine.apply_all_from_index(environ)
+        if settled is not None:
+            return settled
     return engine().apply_all(enable=enable, disable=disable, force=force, opt_in=opt_in, strict=strict,
                               environ=environ)
 

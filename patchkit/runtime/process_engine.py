@@ -98,27 +98,20 @@ class _StartUpWatch:
 _WATCH = _StartUpWatch()
 
 
-def apply_all_from_index(
-    *,
-    enable: Sequence[str] | str | None = None,
-    disable: Sequence[str] | str | None = None,
-    force: Sequence[str] | str | None = None,
-    opt_in: Sequence[str] | str | None = None,
-    strict: bool | None = None,
-    environ: Mapping[str, str] | None = None,
-    catalogues: Sequence[str] = (index.CATALOGUE_PACKAGE,),
-) -> list[PatchStatus] | None:
-    """``apply_all()`` in a process whose engine is not built, settled from the catalogue's index
-    alone (see the module doc); None if this call needs the engine (the caller then asks it).
+def apply_all_from_index(environ: Mapping[str, str] | None = None,
+                         catalogues: Sequence[str] = (index.CATALOGUE_PACKAGE,)) -> list[PatchStatus] | None:
+    """``apply_all()`` without arguments in a process whose engine is not built, settled from the
+    catalogue's index alone (see the module doc); None if this call needs the engine (the caller then
+    asks it). A call with an explicit argument goes to the engine: the caller does not come here.
 
-    Taken only where it decides exactly what the engine would: no explicit argument, the catalogue's
-    index current, every ``PATCHKIT_*`` variable readable and none asking for strict mode or a log
-    level, and every patch switched off, not installed, or waiting for modules not imported yet.
+    Taken only where it decides exactly what the engine would: the catalogue's index current, every
+    ``PATCHKIT_*`` variable readable and none asking for strict mode or a log level, and every patch
+    switched off, not installed, or waiting for modules not imported yet.
     ``catalogues``: the catalogue packages whose indexes are read (the shipped one; the start-up
     benchmark adds one it generates, whose patches the engine, built later, does not know).
     """
     global _settled, _settled_with
-    if _engine is not None or any(given is not None for given in (enable, disable, force, opt_in, strict)):
+    if _engine is not None:
         return None
     with _engine_lock:
         if _engine is not None:
