@@ -154,21 +154,14 @@ class Work:
     versions it read (once per distribution and pass: most patches of a family ask for the same one,
     and each answer costs a search of ``sys.path``)."""
 
-    __slots__ = ("jobs", "watch", "versions", "_found")
+    __slots__ = ("jobs", "watch", "versions", "found")
 
     def __init__(self) -> None:
         self.jobs: list[Job] = []
         self.watch: list[str] = []
         self.versions: dict[tuple[str, str | None], InstalledVersion] = {}
-        self._found: dict[tuple[str, str | None], tuple[str, str | None]] = {}
-
-    def found(self, distribution: str, module: str | None) -> tuple[str, str | None]:
-        """:func:`.installed.find`, read once in this pass."""
-        key = (distribution, module)
-        answer = self._found.get(key)
-        if answer is None:
-            answer = self._found[key] = installed.find(distribution, module)
-        return answer
+        #: :func:`.installed.find`, read once in this pass.
+        self.found = installed.Answers()
 
     def installed_version(self, distribution: str, module: str | None) -> InstalledVersion:
         """:func:`.versions.installed_version`, read once in this pass."""

@@ -50,6 +50,23 @@ def find(distribution: str, module: str | None = None) -> tuple[str, str | None]
     return INSTALLED, str(raw)
 
 
+class Answers:
+    """:func:`find`, each (distribution, import package) read once: one pass's answers (most patches
+    of a family ask about the same distribution, and each answer costs a search of ``sys.path``)."""
+
+    __slots__ = ("_found",)
+
+    def __init__(self) -> None:
+        self._found: dict[tuple[str, str | None], tuple[str, str | None]] = {}
+
+    def __call__(self, distribution: str, module: str | None) -> tuple[str, str | None]:
+        key = (distribution, module)
+        answer = self._found.get(key)
+        if answer is None:
+            answer = self._found[key] = find(distribution, module)
+        return answer
+
+
 def _top_level_findable(module: str) -> bool:
     top = module.partition(".")[0]
     if top in sys.modules:

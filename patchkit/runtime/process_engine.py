@@ -132,14 +132,7 @@ def apply_all_from_index(environ: Mapping[str, str] | None = None,
         chosen = reading.settings
         if reading.problems or reading.blocking is not None or chosen.strict or chosen.log_level is not None:
             return None  # each problem is reported by the engine, once; strict mode raises there
-        found: dict[tuple[str, str | None], tuple[str, str | None]] = {}
-
-        def find(distribution: str, module: str | None) -> tuple[str, str | None]:
-            key = (distribution, module)
-            if key not in found:
-                found[key] = installed.find(distribution, module)
-            return found[key]
-
+        find = installed.Answers()
         outcome = {}
         for patch_id, opt_in_only, distributions, modules, required in records:
             off = settle.switched_off(patch_id, opt_in_only, chosen)
