@@ -10,7 +10,10 @@ except in the blocking-copy check, ``torch.cuda.synchronize``; psutil's memory l
 from __future__ import annotations
 
 import functools
+import multiprocessing
+import signal
 import tempfile
+import time
 from importlib.metadata import version
 
 import pytest
@@ -22,7 +25,14 @@ from patchkit.patches.megatron.dist_checkpointing._checks import (
     dist_ckpt_partial_load,
     dist_ckpt_safe_load,
 )
-from patchkit.patches.megatron.dist_checkpointing._checks._roundtrip import load, one_rank_gloo, outcome, save, sharded
+from patchkit.patches.megatron.dist_checkpointing._checks._roundtrip import (
+    load,
+    one_rank_gloo,
+    outcome,
+    save,
+    sharded,
+    without_cuda,
+)
 
 import patchkit
 from patchkit.selfcheck import CheckContext, SelfCheckFailed, upstream_behaviour
@@ -107,6 +117,29 @@ def test_async_queue_reset_restarts_call_indices_in_place():
     _applies_and_its_check_fails_as_upstream("megatron.dist_ckpt_async_queue_reset",
                                              dist_ckpt_async_queue_reset.check_dist_ckpt_async_queue_reset,
                                              AttributeError, "reset")
+
+
+def test_the_queue_check_leaves_no_save_running_when_it_fails():
+    """A failing check must not leave its pending save writing into the directory being removed."""
+    before = set(multiprocessing.active_children())
+    with patchkit.applied("megatron.dist_ckpt_async_queue_reset"):
+        with upstream_behaviour("megatron.dist_ckpt_async_queue_reset"), pytest.raises(AttributeError):
+            _run_check("megatron.dist_ckpt_async_queue_reset",
+                       dist_ckpt_async_queue_reset.check_dist_ckpt_async_queue_reset)
+    assert set(multiprocessing.active_children()) - before == set()
+
+
+def test_after_reset_with_abandon_the_abandoned_save_has_exited():
+    from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue, AsyncRequest
+
+    with patchkit.applied("megatron.dist_ckpt_async_queue_reset"), one_rank_gloo(), without_cuda():
+        queue = AsyncCallsQueue()
+        queue.schedule_async_request(AsyncRequest(time.sleep, (30,), []))
+        workers = [active.async_caller.process for active in queue.async_calls]
+        workers += [getattr(type(queue), "_persistent_caller", None)] if queue.persistent else []
+        workers = [getattr(worker, "process", worker) for worker in workers if worker is not None]
+        assert queue.reset(abandon=True) == 1
+        assert workers and [worker.exitcode for worker in workers] == [-signal.SIGKILL] * len(workers)
 
 
 def test_async_queue_reset_refusal_is_a_patchkit_error():

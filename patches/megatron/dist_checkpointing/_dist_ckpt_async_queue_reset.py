@@ -2,6 +2,8 @@
 
 0.15-0.19 have ``close(abort=True)`` on the queue and its callers (kill the worker, skip finalisation);
 0.14's ``close()`` always finalises, which is a collective, so there the workers are stopped directly.
+Upstream's abort kills a worker without waiting for it; reset waits, so an abandoned save can write
+nothing once reset has returned.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from .._errors import AsyncCallsPendingError
 
 logger = logging.getLogger(__name__)
 
-#: How long a stopped 0.14 worker process is waited for.
+#: How long a killed worker process is waited for.
 JOIN_TIMEOUT_S = 60.0
 
 
@@ -32,6 +34,24 @@ def _restart(queue: Any) -> None:
     queue.call_idx = -1
 
 
+def _worker_processes(queue: Any) -> list[Any]:
+    """The processes that ``queue.close(abort=True)`` kills: each call's own worker, and the
+    persistent worker (shared by the class) when this queue uses it."""
+    callers = [active.async_caller for active in queue.async_calls]
+    if queue.persistent:
+        callers.append(getattr(type(queue), "_persistent_caller", None))
+    processes = (getattr(caller, "process", None) for caller in callers)
+    return [process for process in processes if process is not None]
+
+
+def _wait_until_gone(processes: list[Any]) -> None:
+    for process in processes:
+        process.join(JOIN_TIMEOUT_S)
+        if process.is_alive():
+            logger.warning("patchkit: async checkpoint worker %s still runs %.0f s after it was killed",
+                           process.pid, JOIN_TIMEOUT_S)
+
+
 def reset(self: Any, abandon: bool = False) -> int:
     """Empty this queue and restart its call index, in place, on this rank (call it on every rank).
 
@@ -39,10 +59,12 @@ def reset(self: Any, abandon: bool = False) -> int:
     then their workers are stopped and they are dropped. Returns the number of saves dropped.
     """
     pending = _check_pending(self, abandon)
+    killed = _worker_processes(self)
     if not self.persistent:
         for active in self.async_calls:
             active.async_caller.close(abort=True)
     self.close(abort=True)  # closes the persistent worker, without finalising (no collective)
+    _wait_until_gone(killed)
     _restart(self)
     return pending
 
