@@ -64,6 +64,12 @@ def __getattr__(name: str) -> Any:
         return module
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
+
+def __dir__() -> list[str]:
+    """The module's names, those served on first use included (completion and ``dir()`` list them)."""
+    return sorted(set(globals()) | set(__all__))
+
+
 __all__ = [
     "Add", "Call", "ConfigError", "DeclarationError", "DriftError", "Engine", "ForceRefusedError",
     "ForeignWrapperError", "Patch", "PatchInstallError", "PatchStatus", "PatchkitError", "PatchkitWarning", "Reason",

@@ -86,6 +86,17 @@ def test_the_public_names_are_served_on_first_use():
     assert found["all"] == []
 
 
+def test_dir_lists_the_names_served_on_first_use_without_importing_them():
+    found = _run("""
+        import json, sys
+        import patchkit
+        listed = dir(patchkit)
+        print(json.dumps({"missing": sorted(set(patchkit.__all__) - set(listed)),
+                          "engine_imported": "patchkit.runtime.engine" in sys.modules}))
+    """)
+    assert found["missing"] == [] and found["engine_imported"] is False
+
+
 def test_the_patchkit_logger_gets_its_null_handler_when_logging_is_imported_later():
     """A catalogue module's own logger sends to the ``patchkit`` namespace without the runtime's
     stand-ins: the NullHandler must be there first, or ``logging.lastResort`` prints to stderr."""
