@@ -249,11 +249,19 @@ def _action_classes() -> dict[str, type]:
 def indexed_summary(patch: Patch) -> tuple[str, bool, tuple[tuple[str, "str | None"], ...], tuple[str, ...],
                                              tuple[str, ...]]:
     """What the index keeps beside a declaration for ``apply_all()``: id, opt_in, (distribution,
-    import package) pairs, the modules any variant installs into, and the distributions every variant
-    requires."""
+    import package) pairs, the modules whose import decides it, and the distributions every variant
+    requires.
+
+    The modules are those any variant installs into and, for a variant that installs nothing (native
+    on its releases), the import packages of the distributions it requires: once one is imported its
+    version is known, and a patch native there is settled then, not left waiting for a module its
+    variant never installs into."""
     modules: dict[str, None] = {}
     for variant in patch.variants:
         modules.update(dict.fromkeys(variant.modules))
+        if not variant.modules:
+            modules.update(dict.fromkeys(module for dist, module in patch.version_modules.items()
+                                         if module is not None and dist in variant.requires))
     required = tuple(dist for dist in patch.distributions if all(dist in v.requires for v in patch.variants))
     return (patch.id, patch.opt_in,
             tuple((dist, patch.version_modules.get(dist)) for dist in patch.distributions), tuple(modules), required)

@@ -194,7 +194,9 @@ def test_a_declaration_module_is_imported_only_when_its_target_module_is(toy_cat
     engine = toy_catalogue.engine()
     try:
         (forward,) = engine.apply_all(enable="toy.forward")[1:]
-        assert forward.state is State.PENDING and forward.waiting_for == (toy_catalogue.upstream.core,)
+        # Its target module, and its upstream's package: importing that tells the release, where it may be native.
+        assert forward.state is State.PENDING
+        assert forward.waiting_for == (toy_catalogue.upstream.core, toy_catalogue.upstream.package)
         assert toy_catalogue.imported() == []
         core = toy_catalogue.upstream.import_core()
         assert engine.status("toy.forward")[0].state is State.APPLIED
@@ -255,6 +257,22 @@ def test_a_patch_whose_every_variant_is_native_waits_for_its_upstreams_package_t
     importlib.import_module(up.package)
     status = engine.status("toy.native_only")[0]
     assert (status.state, status.reason, status.detail) == (State.SKIPPED, Reason.NATIVE, "upstream does it")
+
+
+def test_a_patch_native_on_the_installed_release_is_settled_when_its_upstream_is_imported(toy_catalogue):
+    """Another variant installs into a module nobody imports: the patch must not wait for it forever
+    where its installed release has the native variant."""
+    up = toy_catalogue.upstream
+    toy_catalogue.declare("native_here", "toy.native_here", variants=(
+        f'(Variant(requires={{{up.name!r}: "<1"}}, installs=(Wrap({up.package + ".never_imported:f"!r}, '
+        f'"._impl:plus_100"),)), Variant(requires={{{up.name!r}: ">=1"}}, native="upstream does it from 1"))'))
+    toy_catalogue.write_index()
+    engine = toy_catalogue.engine()
+    status = {s.id: s for s in engine.apply_all()}["toy.native_here"]
+    assert status.state is State.PENDING and up.package in status.waiting_for
+    importlib.import_module(up.package)
+    status = engine.status("toy.native_here")[0]
+    assert (status.state, status.reason, status.detail) == (State.SKIPPED, Reason.NATIVE, "upstream does it from 1")
 
 
 def test_a_distribution_every_variant_requires_missing_skips_from_the_index_alone(toy_catalogue):
