@@ -11,9 +11,11 @@ made from, so the runtime notices a module added since by listing the folders al
 
 What the constants hold. ``_index.FOLDERS``: each catalogue folder (relative, dotted) and its public
 names when the index was written. ``_index.DECLARATIONS``: each declaration module (relative, dotted)
-and its patches, each ``(id, opt_in, ((distribution, import package), ...), the modules its variants
-install into)``. ``_index_declarations.DECLARATIONS[patch id]``: the declaration's fields in ``Patch``
-field order (:func:`patchkit.runtime.catalogue.patch_from_data` reads them back).
+and its patches, each ``(id, opt_in, ((distribution, import package), ...), the modules whose import
+decides it (those its variants install into, and the upstream's package where a variant installs
+nothing), the distributions every variant requires)``.
+``_index_declarations.DECLARATIONS[patch id]``: the declaration's fields in ``Patch`` field order
+(:func:`patchkit.runtime.catalogue.patch_from_data` reads them back).
 
 ``patchkit matrix catalogue`` rewrites them, ``--check`` fails when they are stale, and so do
 ``patchkit matrix check`` and the test suite. Nothing here is imported at start-up.

@@ -54,8 +54,8 @@ def switched_off(patch_id: str, opt_in: bool, settings: Settings) -> tuple[Reaso
 def from_index(distributions: tuple[tuple[str, str | None], ...], modules: tuple[str, ...],
                required: tuple[str, ...], find: Finder, imported: Callable[[str], bool]) -> Settled | None:
     """Settle a patch from its index record (its distributions with their import packages, the
-    modules its variants install into, the distributions every variant requires), or None if it
-    needs the whole decision.
+    modules whose import decides it: :func:`.catalogue.indexed_summary`, the distributions every
+    variant requires), or None if it needs the whole decision.
 
     Its upstream not installed (or a distribution every variant requires): skipped. Installed, none
     of ``modules`` imported yet: pending, undecided, until one is. A patch whose every variant is
