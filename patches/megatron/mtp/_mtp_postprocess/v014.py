@@ -94,8 +94,9 @@ def attach_mtp_losses(
     depth, loss logged to ``MTPLossLoggingHelper`` in training, scaled by
     ``mtp_loss_scaling_factor / mtp_num_layers`` and normalised per token count unless
     ``calculate_per_token_loss``; with the count clamped, the per-token loss rescaled as 0.17+
-    rescale it (unless ``rescale_per_token_loss`` is False: upstream's 0.14-0.16 weighting), the CP group taken from the batch where dynamic CP sets one and the output head
-    optionally detached (module docstring). Each depth's logits are dropped as soon as its loss exists.
+    rescale it (unless ``rescale_per_token_loss`` is False: upstream's 0.14-0.16 weighting), the
+    CP group taken from the batch where dynamic CP sets one and the output head optionally
+    detached (module docstring). Each depth's logits are dropped as soon as its loss exists.
     """
     config = model.config
     num_depths = config.mtp_num_layers
