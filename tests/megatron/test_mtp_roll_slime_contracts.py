@@ -257,6 +257,28 @@ def test_new_options_refuse_unknown_choices_before_changing_the_model(tiny_gpt: 
     assert "_postprocess" not in vars(model)
 
 
+def test_configure_sets_the_new_options_as_the_process_default(
+    tiny_gpt: Callable[..., Any], batch: Batch, attached_mtp_losses: list[torch.Tensor]
+) -> None:
+    from patchkit.patches.megatron import mtp
+    from patchkit.patches.megatron.mtp import _options as _mtp_options
+
+    model = tiny_gpt(mtp_num_layers=1)
+    try:
+        with pytest.raises(mtp.MTPOptionError, match="per_token_loss"):
+            mtp.configure(returns="loss", per_token_loss="legacy")
+        assert mtp.options_for(model).returns == "logits"  # a bad value changed nothing
+        mtp.configure(without_labels="derive-mask-as-given", per_token_loss="unscaled", returns="loss")
+        with patchkit.applied("megatron.mtp_postprocess"):
+            loss = model(batch.input_ids, batch.position_ids, batch.attention_mask, labels=batch.labels,
+                         loss_mask=batch.loss_mask)
+            logits = model(batch.input_ids, batch.position_ids, batch.attention_mask, loss_mask=batch.loss_mask)
+        assert loss.shape == batch.labels.shape and logits.shape == (*batch.labels.shape, VOCAB_SIZE)
+        assert len(attached_mtp_losses) == 2  # labels given, then derived from the ids
+    finally:
+        _mtp_options.reset_default()
+
+
 def _rope_forward(batch: Batch, position_ids: torch.Tensor | None) -> Callable[[Any], torch.Tensor]:
     return lambda model: model(batch.input_ids, position_ids, batch.attention_mask, labels=batch.labels,
                                loss_mask=batch.loss_mask)
