@@ -10,8 +10,8 @@ Frameworks disagree on two points, so each is an option with a default rather th
   the output layer too.
 - ``without_labels``: what a forward without ``labels`` does with the MTP block. ``"skip"``
   (default; verl's ``_postprocess`` patch runs the MTP block only when labels are given, ROLL's
-  ``disabled`` mode never, and megatron-core 0.14-0.18 compute no MTP loss without them) returns the main-head logits and
-  runs no MTP layer: a reference model's or a rollout's log-prob pass neither pays for MTP nor
+  ``disabled`` mode never, and megatron-core 0.14-0.18 compute no MTP loss without them) returns
+  the main-head logits and runs no MTP layer: a reference model's or a rollout's log-prob pass neither pays for MTP nor
   attaches an MTP loss that would move the gradients if the pass were differentiated. ``"derive"`` is megatron-core
   0.19's behaviour (and so NeMo-RL's, which runs 0.19 unpatched): the MTP labels are the input ids
   rolled left by one, the loss mask rolled alike, and every depth's MTP loss is attached as with
