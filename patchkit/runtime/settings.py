@@ -62,7 +62,7 @@ MTP_WITHOUT_LABELS = "PATCHKIT_MTP_WITHOUT_LABELS"
 #: the default. What each choice does is the patch's to document (patches/megatron/mtp/_options.py).
 CHOICES: Mapping[str, tuple[str, ...]] = {
     MTP_OUTPUT_HEAD: ("detached", "trained"),
-    MTP_WITHOUT_LABELS: ("skip", "derive"),
+    MTP_WITHOUT_LABELS: ("skip", "derive", "derive-mask-as-given"),
 }
 
 #: The switches that say which patches may apply: a value that cannot be read at all applies nothing.

@@ -60,10 +60,16 @@ def make_batch(
     )
 
 
-def build_tiny_gpt(mtp_num_layers: int | None = 1, seed: int = 0, **config_overrides: Any):
+def build_tiny_gpt(
+    mtp_num_layers: int | None = 1,
+    seed: int = 0,
+    position_embedding_type: str = "learned_absolute",
+    **config_overrides: Any,
+):
     """A 2-layer, hidden-64 ``GPTModel`` built from upstream's local (non-TE) layer specs.
 
     Deterministic for a given ``seed``: weights are initialised on CPU from the CPU generator.
+    ``position_embedding_type`` is ``GPTModel``'s (``"rope"``: no position ids needed).
     """
     from megatron.core.models.gpt.gpt_layer_specs import (
         get_gpt_layer_local_spec,
@@ -93,4 +99,5 @@ def build_tiny_gpt(mtp_num_layers: int | None = 1, seed: int = 0, **config_overr
         vocab_size=VOCAB_SIZE,
         max_sequence_length=SEQ_LEN,
         mtp_block_spec=mtp_block_spec,
+        position_embedding_type=position_embedding_type,
     )

@@ -11,6 +11,9 @@ also holds a frozen reference model may want the behaviour on the policy only::
     mtp.enable(policy_chunks, detach_inputs=True)  # ... and no MTP gradient into the backbone
     mtp.disable(reference_model)                   # upstream's behaviour even if patched globally
     mtp.enable(policy_chunks, with_labels="derive")  # MTP labels from input_ids ("skip": no MTP)
+    mtp.enable(policy_chunks, without_labels="derive-mask-as-given", per_token_loss="unscaled")  # ROLL's RL
+    mtp.enable(policy_chunks, mtp_kwargs=True)     # slime: forward(..., mtp_kwargs={"mtp_labels": tokens})
+    mtp.enable(policy_chunks, returns="loss")      # a forward with labels returns the LM loss
     with mtp.loss_scale(factor): model(...)        # this micro-batch's MTP loss times factor
 
 Both take a ``GPTModel``, anything wrapping one through ``.module`` (DDP, ``Float16Module``) or

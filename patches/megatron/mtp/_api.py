@@ -13,11 +13,14 @@ from collections.abc import Iterable
 from typing import Any
 
 from .._errors import MTPModelError
+from ._mtp_kwargs import is_bound_here, wrap_forward
 from ._options import (
     LAYER_MARK,
     MODEL_MARK,
     MTPOptions,
     check_output_head,
+    check_per_token_loss,
+    check_returns,
     check_with_labels,
     check_without_labels,
     default_options,
@@ -92,18 +95,24 @@ def enable(
     without_labels: str | None = None,
     with_labels: str | None = None,
     detach_inputs: bool = False,
+    per_token_loss: str | None = None,
+    returns: str | None = None,
+    mtp_kwargs: bool = False,
 ) -> list[Any]:
     """Give ``model`` (and only it) the MTP postprocess behaviour, with its own options.
 
     ``model``: a ``GPTModel``, a wrapper holding one as ``.module`` (DDP, ``Float16Module``) or as
     ``.language_model`` (a vision-language model), or a list of such chunks.
 
-    ``output_head``: ``"detached"`` or ``"trained"``; ``without_labels``: ``"skip"`` or
-    ``"derive"``; ``with_labels``: ``"attach"``, ``"derive"`` or ``"skip"`` (see ``mtp._options``);
-    each defaults to the process default. ``detach_inputs``:
+    ``output_head``: ``"detached"`` or ``"trained"``; ``without_labels``: ``"skip"``, ``"derive"``
+    or ``"derive-mask-as-given"``; ``with_labels``: ``"attach"``, ``"derive"`` or ``"skip"``;
+    ``per_token_loss``: ``"rescaled"`` or ``"unscaled"``; ``returns``: ``"logits"`` or ``"loss"``
+    (see ``mtp._options``); each defaults to the process default. ``detach_inputs``:
     also detach the MTP layers' inputs (``megatron.mtp_detach_inputs`` for this model only).
-    Calling it again replaces the options; the methods are bound once. Every option is checked
-    before any model changes.
+    ``mtp_kwargs``: the model's ``forward`` takes slime's ``mtp_kwargs={"mtp_labels": tokens}``,
+    and MTP runs only on a forward given them (``mtp._mtp_kwargs``; ``forward`` is bound on the
+    instance). Calling it again replaces the options; the methods are bound once. Every option is
+    checked before any model changes.
     """
     defaults = default_options()
     head = check_output_head(output_head, "enable(output_head=...)") if output_head else defaults.output_head
@@ -115,15 +124,33 @@ def enable(
     with_given = (
         check_with_labels(with_labels, "enable(with_labels=...)") if with_labels else defaults.with_labels
     )
+    weighting = (
+        check_per_token_loss(per_token_loss, "enable(per_token_loss=...)")
+        if per_token_loss
+        else defaults.per_token_loss
+    )
+    returned = check_returns(returns, "enable(returns=...)") if returns else defaults.returns
     models = _gpt_models(model)
     postprocess = _factory(_POSTPROCESS_PATCH)
     detach = _factory(_DETACH_PATCH) if detach_inputs else None
+    if mtp_kwargs:
+        foreign = [gpt for gpt in models if "forward" in vars(gpt) and not is_bound_here(gpt)]
+        if foreign:
+            raise MTPModelError(
+                f"enable(mtp_kwargs=True) binds forward on the model, but {len(foreign)} of the given models "
+                "already carry a forward of their own on the instance; bind yours after enabling"
+            )
     for gpt in models:
         if not isinstance(getattr(gpt, MODEL_MARK, None), MTPOptions) or "_postprocess" not in vars(gpt):
             _bind(gpt, "_postprocess", postprocess)
         setattr(gpt, MODEL_MARK, MTPOptions(
-            enabled=True, output_head=head, without_labels=no_labels, with_labels=with_given
+            enabled=True, output_head=head, without_labels=no_labels, with_labels=with_given,
+            per_token_loss=weighting, returns=returned, mtp_kwargs=mtp_kwargs,
         ))
+        if mtp_kwargs and not is_bound_here(gpt):
+            _bind(gpt, "forward", wrap_forward)
+        elif not mtp_kwargs and is_bound_here(gpt):
+            del vars(gpt)["forward"]
         for layer in _mtp_layers(gpt):
             if detach is not None and "_get_embeddings" not in vars(layer):
                 _bind(layer, "_get_embeddings", detach)
@@ -136,6 +163,8 @@ def disable(model: Any) -> list[Any]:
     models = _gpt_models(model)
     for gpt in models:
         vars(gpt).pop("_postprocess", None)
+        if is_bound_here(gpt):
+            del vars(gpt)["forward"]
         setattr(gpt, MODEL_MARK, MTPOptions(enabled=False))
         for layer in _mtp_layers(gpt):
             vars(layer).pop("_get_embeddings", None)

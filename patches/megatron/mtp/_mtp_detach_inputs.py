@@ -33,6 +33,15 @@ that branch taken).
 
 A layer marked per model (``mtp.enable``/``disable`` set ``_patchkit_mtp_detach_inputs``)
 follows its mark; an unmarked layer is detached (the process-wide patch is applied).
+
+``position_ids=None`` (a RoPE model's forward, as slime's and ROLL's RL forwards call it): upstream
+0.14-0.18 roll ``position_ids`` unconditionally and fail on None; 0.19's ``roll_tensor`` returns
+None for None (slime's Megatron patch skips the roll instead). On a release that fails, this
+wrapper hands the method the ids themselves in place of the absent positions, to roll and give the
+embedding, and returns None in their place, so every depth sees None as on 0.19. It does so only
+for an embedding that adds no position embedding (``add_position_embedding`` False: RoPE or none),
+which never reads them; an embedding that would read them is left to upstream, which fails as before.
+This holds whether or not the layer detaches its inputs.
 """
 
 from __future__ import annotations
@@ -50,6 +59,38 @@ def _given_ids(args: tuple, kwargs: dict[str, Any]) -> Any:
     return kwargs["input_ids"] if "input_ids" in kwargs else (args[0] if args else None)
 
 
+# _get_embeddings(self, input_ids, position_ids, embedding, hidden_states, ...) on every release.
+_POSITION_IDS, _EMBEDDING = 1, 2
+
+
+def _argument(args: tuple, kwargs: dict[str, Any], name: str, index: int) -> Any:
+    return kwargs[name] if name in kwargs else (args[index] if len(args) > index else None)
+
+
+@functools.cache
+def _release_rolls_none() -> bool:
+    """Whether the installed ``roll_tensor`` returns None for None (0.19+), as ``_get_embeddings`` then needs."""
+    from megatron.core.transformer.multi_token_prediction import roll_tensor
+
+    try:
+        return roll_tensor(None)[0] is None
+    except (TypeError, AttributeError):  # torch.roll(None, ...): 0.14-0.18
+        return False
+
+
+def _stand_in_positions(args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]] | None:
+    """The call with the ids standing in for absent ``position_ids``, or None where it is not needed."""
+    if _argument(args, kwargs, "position_ids", _POSITION_IDS) is not None or _release_rolls_none():
+        return None
+    embedding = _argument(args, kwargs, "embedding", _EMBEDDING)
+    if getattr(embedding, "add_position_embedding", True):  # it would read them: upstream decides
+        return None
+    stand_in = _given_ids(args, kwargs)
+    if "position_ids" in kwargs or len(args) <= _POSITION_IDS:
+        return args, {**kwargs, "position_ids": stand_in}
+    return (*args[:_POSITION_IDS], stand_in, *args[_POSITION_IDS + 1:]), kwargs
+
+
 def wrap_get_embeddings(original: Callable[..., Any]) -> Callable[..., Any]:
     """Factory for ``Wrap``. The return layout differs by release only before the last two items.
 
@@ -60,7 +101,12 @@ def wrap_get_embeddings(original: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(original)
     def _get_embeddings(self, *args: Any, **kwargs: Any) -> tuple:
-        outputs = original(self, *args, **kwargs)
+        standing_in = _stand_in_positions(args, kwargs)
+        if standing_in is None:
+            outputs = original(self, *args, **kwargs)
+        else:
+            rolled, _, *rest = original(self, *standing_in[0], **standing_in[1])
+            outputs = (rolled, None, *rest)
         if not detach_inputs_for(self, default=True):
             return outputs
         given_ids = _given_ids(args, kwargs)

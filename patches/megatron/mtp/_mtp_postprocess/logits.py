@@ -23,8 +23,13 @@ def main_head_logits(
     runtime_gather_output: Optional[bool],
     scale_logits: Optional[Callable[[Tensor], Tensor]] = None,
     logger_payload: Optional[dict[str, Any]] = None,
+    loss_labels: Optional[Tensor] = None,
 ) -> Tensor:
-    """Run ``model.output_layer`` on the main hidden states and return ``[batch, seq, vocab]``."""
+    """Run ``model.output_layer`` on the main hidden states and return ``[batch, seq, vocab]``.
+
+    With ``loss_labels`` (``returns="loss"``), return upstream's LM loss against them instead,
+    ``model.compute_language_model_loss(labels, logits)`` ``[batch, seq]``, as upstream's tail does.
+    """
     logits, _ = model.output_layer(
         hidden_states, weight=output_weight, runtime_gather_output=runtime_gather_output
     )
@@ -34,5 +39,7 @@ def main_head_logits(
         log_config_to_disk(
             model.config, OrderedDict({**logger_payload, "logits": logits}), prefix="input_and_logits"
         )
+    if loss_labels is not None:
+        return model.compute_language_model_loss(loss_labels, logits)
     # [s b v] => [b s v], as upstream returns logits when labels is None.
     return logits.transpose(0, 1).contiguous()

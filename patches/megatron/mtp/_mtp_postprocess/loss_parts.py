@@ -8,8 +8,10 @@
   ``GPTModel`` builds its output layer with ``bias=False``, but a model that swaps in its own head
   may have one. ``ColumnParallelLinear`` sees a weight that does not require grad and takes its
   frozen-weight path, so no weight-gradient buffer is touched.
-- :func:`labels_from_input_ids`: megatron-core 0.19's MTP labels for a forward without labels
-  (``without_labels="derive"``), for the releases that do not derive them.
+- :func:`mtp_targets`: the labels and loss mask a forward's MTP loss is computed against, as the
+  model's options say (``mtp._options``), or None where the forward runs no MTP.
+- :func:`undo_per_token_rescale`: ``per_token_loss="unscaled"`` on releases whose
+  ``process_mtp_loss`` rescales per-token losses (0.17+).
 - :func:`mtp_cp_group`: dynamic context parallelism hands the batch's CP group in
   ``packed_seq_params.cp_group`` (megatron-core 0.16+); the MTP label/mask roll must use that
   group, not the model's static one, or it exchanges boundary tokens with the wrong ranks.
@@ -84,6 +86,76 @@ def scaled_config(config: Any, factor: float) -> Any:
     scaled = copy.copy(config)
     scaled.mtp_loss_scaling_factor = config.mtp_loss_scaling_factor * factor
     return scaled
+
+
+def labels_from_mtp_labels(
+    mtp_labels: Tensor, loss_mask: Optional[Tensor], roll: Callable[[Tensor], tuple[Tensor, Tensor]]
+) -> tuple[Tensor, Optional[Tensor]]:
+    """slime's ``mtp_kwargs={"mtp_labels": tokens}``: the tokens rolled left once, the loss mask rolled
+    alike when given (slime's Megatron patch, ``gpt_model.py`` ``_postprocess``, rolls both before the
+    depths; a None mask stays None and becomes all ones, unrolled, as there)."""
+    labels, _ = roll(mtp_labels)
+    if loss_mask is not None:
+        loss_mask, _ = roll(loss_mask)
+    return labels, loss_mask
+
+
+def mtp_targets(
+    options: Any,
+    labels: Optional[Tensor],
+    loss_mask: Optional[Tensor],
+    input_ids: Tensor,
+    mtp_labels: Optional[Tensor],
+    roll: Callable[[Tensor], tuple[Tensor, Tensor]],
+) -> Optional[tuple[Tensor, Optional[Tensor]]]:
+    """The labels and loss mask of the MTP loss of one forward, or None where it runs no MTP.
+
+    ``options`` is the model's ``MTPOptions``; ``labels`` and ``loss_mask`` are the caller's,
+    ``mtp_labels`` slime's (read only under ``mtp_kwargs``); ``roll`` is the release's
+    ``roll_tensor`` one token left with the batch's CP group and packed sequences bound.
+    """
+    if not options.runs_mtp(labels is not None, mtp_labels is not None):
+        return None
+    if options.mtp_kwargs:
+        return labels_from_mtp_labels(mtp_labels, loss_mask, roll)
+    if labels is not None:
+        if options.with_labels == "derive":
+            return caller_mask_with_input_id_labels(input_ids, loss_mask, roll)
+        return labels, loss_mask
+    if options.without_labels == "derive":
+        return labels_from_input_ids(input_ids, loss_mask, roll)
+    # "derive-mask-as-given" (ROLL's RL forward): labels from the ids, the mask is already theirs.
+    return caller_mask_with_input_id_labels(input_ids, loss_mask, roll)
+
+
+def undo_per_token_rescale(
+    compute_language_model_loss: Callable[[Tensor, Tensor], Tensor],
+    labels: Tensor,
+    loss_mask: Optional[Tensor],
+    roll: Callable[[Tensor], tuple[Tensor, Tensor]],
+) -> Callable[[Tensor, Tensor], Tensor]:
+    """``compute_language_model_loss`` for ``process_mtp_loss`` (0.17+) under ``per_token_loss="unscaled"``.
+
+    Under ``calculate_per_token_loss``, ``process_mtp_loss`` attaches each depth's masked per-token loss
+    times ``original_num_tokens / num_tokens`` (the mask's count over the depth's rolled count). The
+    attached tensor only carries gradient (``MTPLossAutoScaler`` backpropagates ones times the main
+    loss's scale, whatever its value), so the per-token loss returned here has the value upstream
+    computes, which the tracker logs, and a gradient multiplied by ``num_tokens / original_num_tokens``:
+    the attached loss then trains as 0.14-0.16's unscaled one. The depth's rolled count is recomputed
+    here by rolling the mask in lockstep with upstream's loop (one more ``roll_tensor`` per depth).
+    """
+    mask = loss_mask if loss_mask is not None else torch.ones_like(labels)
+    original_num_tokens = mask.sum()
+
+    def compute(depth_labels: Tensor, logits: Tensor) -> Tensor:
+        nonlocal mask
+        mask, num_tokens = roll(mask)
+        # original_num_tokens == 0 leaves an all-zero mask: upstream's factor is 0 and so is the loss.
+        undo = safe_token_count(num_tokens) / safe_token_count(original_num_tokens)
+        loss = compute_language_model_loss(depth_labels, logits)
+        return loss.detach() + (loss - loss.detach()) * undo
+
+    return compute
 
 
 def labels_from_input_ids(

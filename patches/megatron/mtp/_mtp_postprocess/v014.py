@@ -15,14 +15,16 @@ train in backward. Where this differs from upstream's loop, on purpose:
   before rolling over the depth's count after rolling, as 0.17+'s ``process_mtp_loss`` does:
   ``finalize_model_grads`` divides every gradient by the main loss's token count, and a depth
   whose rolled mask holds fewer tokens would otherwise weigh its tokens less than the main loss
-  does (0.14-0.16 attach the unscaled per-token loss);
+  does (0.14-0.16 attach the unscaled per-token loss, which ``per_token_loss="unscaled"`` keeps);
 - labels and mask roll over ``packed_seq_params.cp_group`` when dynamic CP sets one (0.16);
 - ``labels=None`` (upstream raises there: it clones ``labels`` for MTP) returns the main-head
   logits and skips the MTP block by default; with ``without_labels="derive"`` the MTP labels are
-  derived from ``input_ids`` as 0.19 derives them (``mtp._options``);
+  derived from ``input_ids`` as 0.19 derives them, with ``"derive-mask-as-given"`` as ROLL derives
+  them (``mtp._options``);
 - ``with_labels="derive"`` takes the MTP labels from ``input_ids`` even with labels given,
-  ``"skip"`` runs no MTP block at all; ``mtp.loss_scale(factor)`` multiplies
-  ``mtp_loss_scaling_factor`` for the forwards inside it.
+  ``"skip"`` runs no MTP block at all; ``mtp_kwargs`` takes them from slime's ``mtp_labels``;
+  ``returns="loss"`` returns upstream's LM loss instead of the logits; ``mtp.loss_scale(factor)``
+  multiplies ``mtp_loss_scaling_factor`` for the forwards inside it.
 
 Every other call (no MTP, inference, a pipeline stage without the output layer, a model marked
 disabled) goes to the original unchanged.
@@ -47,15 +49,10 @@ from torch import Tensor
 from patchkit.runtime.probing import accepts_parameter, get_field
 
 from .._loss_scale import current_loss_scale
+from .._mtp_kwargs import current_mtp_labels
 from .._options import options_for
 from .logits import main_head_logits
-from .loss_parts import (
-    caller_mask_with_input_id_labels,
-    labels_from_input_ids,
-    mtp_cp_group,
-    mtp_output_layer,
-    safe_token_count,
-)
+from .loss_parts import mtp_cp_group, mtp_output_layer, mtp_targets, safe_token_count
 
 # 0.16 added standalone MTP pipeline stages: the output-layer stage may hold MTP hidden states
 # without running the MTP block, so upstream keys the loss on the config, not on ``mtp_process``.
@@ -89,6 +86,7 @@ def attach_mtp_losses(
     runtime_gather_output: Optional[bool],
     packed_seq_params: Any,
     detach_output_head: bool = True,
+    rescale_per_token_loss: bool = True,
 ) -> Tensor:
     """Split off the MTP hidden states, attach each depth's loss, return the main hidden states.
 
@@ -96,8 +94,9 @@ def attach_mtp_losses(
     depth, loss logged to ``MTPLossLoggingHelper`` in training, scaled by
     ``mtp_loss_scaling_factor / mtp_num_layers`` and normalised per token count unless
     ``calculate_per_token_loss``; with the count clamped, the per-token loss rescaled as 0.17+
-    rescale it, the CP group taken from the batch where dynamic CP sets one and the output head
-    optionally detached (module docstring). Each depth's logits are dropped as soon as its loss exists.
+    rescale it (unless ``rescale_per_token_loss`` is False: upstream's 0.14-0.16 weighting), the
+    CP group taken from the batch where dynamic CP sets one and the output head optionally
+    detached (module docstring). Each depth's logits are dropped as soon as its loss exists.
     """
     config = model.config
     num_depths = config.mtp_num_layers
@@ -130,7 +129,9 @@ def attach_mtp_losses(
                 num_depths,
                 avg_group=parallel_state.get_data_parallel_group(with_context_parallel=True),
             )
-        if config.calculate_per_token_loss:
+        if config.calculate_per_token_loss and not rescale_per_token_loss:
+            hidden_states = MTPLossAutoScaler.apply(hidden_states, mtp_loss_scale * mtp_loss)
+        elif config.calculate_per_token_loss:
             # As 0.17+: the depth's tokens weigh what the main loss's tokens weigh once
             # finalize_model_grads divides by the main loss's (unrolled) token count.
             hidden_states = MTPLossAutoScaler.apply(
@@ -199,18 +200,22 @@ def wrap_postprocess(original: Callable[..., Any]) -> Callable[..., Any]:
         output_weight = None
         if self.share_embeddings_and_output_weights:
             output_weight = self.shared_embedding_or_output_weight()
-        has_labels = labels is not None
-        if not options.runs_mtp(has_labels):
+        # returns="loss": upstream's LM loss against the caller's labels, not the MTP ones below.
+        loss_labels = labels if options.returns == "loss" else None
+        targets = mtp_targets(
+            options, labels, loss_mask, input_ids, current_mtp_labels() if options.mtp_kwargs else None,
+            _roll_left(self, packed_seq_params),
+        )
+        if targets is None:
             # Without labels upstream clones them for MTP and raises. A log-prob pass (reference
             # model, rollout scoring), or a model whose MTP is not trained (with_labels="skip"), needs
             # only the main head: skip the MTP block; hidden states that already hold MTP outputs
             # (a standalone MTP stage, 0.16) are cut to the main chunk.
             if not mtp_in_postprocess:
                 hidden_states = torch.chunk(hidden_states, 1 + self.config.mtp_num_layers, dim=0)[0]
-            return main_head_logits(self, hidden_states, output_weight, runtime_gather_output)
-        if options.labels_from_input_ids(has_labels):
-            derive = caller_mask_with_input_id_labels if has_labels else labels_from_input_ids
-            labels, loss_mask = derive(input_ids, loss_mask, _roll_left(self, packed_seq_params))
+            return main_head_logits(self, hidden_states, output_weight, runtime_gather_output,
+                                    loss_labels=loss_labels)
+        labels, loss_mask = targets
         if mtp_in_postprocess:
             hidden_states = self.mtp(
                 input_ids=input_ids,
@@ -235,6 +240,7 @@ def wrap_postprocess(original: Callable[..., Any]) -> Callable[..., Any]:
             runtime_gather_output,
             packed_seq_params,
             detach_output_head=options.detach_output_head,
+            rescale_per_token_loss=options.rescale_per_token_loss,
         )
         return main_head_logits(
             self,
@@ -247,6 +253,7 @@ def wrap_postprocess(original: Callable[..., Any]) -> Callable[..., Any]:
                 "attention_mask": attention_mask,
                 "decoder_input": decoder_input,
             },
+            loss_labels=loss_labels,
         )
 
     return _postprocess

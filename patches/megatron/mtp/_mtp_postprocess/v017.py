@@ -15,12 +15,16 @@ upstream's) and returns the main-head logits ``[b, s, v]`` instead of the LM los
 and the main-head logits returned on every release (0.17-0.18 run the block and compute no loss;
 0.19 derives MTP labels from ``input_ids`` and attaches every depth's loss, which a reference
 model's log-prob pass pays for and, differentiated, gets other gradients from). With
-``"derive"`` the labels are derived as 0.19 derives them: by 0.19's own ``process_mtp_loss``
-there, by the same roll before ``process_mtp_loss`` on 0.17-0.18.
+``"derive"`` the labels are derived as 0.19 derives them (input ids and loss mask rolled left
+once, the same ``roll_tensor`` call as 0.19's), with ``"derive-mask-as-given"`` as ROLL derives
+them (the mask as given), before ``process_mtp_loss``, which is handed the labels.
 
 With labels, ``with_labels="derive"`` hands ``process_mtp_loss`` labels rolled from ``input_ids``
-(the caller's loss mask as given) and ``"skip"`` runs no MTP block; ``mtp.loss_scale(factor)``
-hands it a copy of the config whose ``mtp_loss_scaling_factor`` is multiplied by the factor.
+(the caller's loss mask as given) and ``"skip"`` runs no MTP block; ``mtp_kwargs`` takes the labels
+from slime's ``mtp_labels``; ``per_token_loss="unscaled"`` gives ``process_mtp_loss`` a loss
+function that undoes its per-token rescale in the gradient (``loss_parts.undo_per_token_rescale``);
+``returns="loss"`` returns upstream's LM loss; ``mtp.loss_scale(factor)`` hands it a copy of the
+config whose ``mtp_loss_scaling_factor`` is multiplied by the factor.
 
 Every other call (inference or speculative decoding, a pipeline stage without the output layer,
 no MTP, a caller's ``output_processor``, a model marked disabled, a positional caller) goes to the
@@ -39,23 +43,16 @@ from megatron.core.transformer.multi_token_prediction import process_mtp_loss, r
 from patchkit.runtime.probing import accepts_parameter, get_field
 
 from .._loss_scale import current_loss_scale
+from .._mtp_kwargs import current_mtp_labels
 from .._options import options_for
 from .logits import main_head_logits
-from .loss_parts import (
-    caller_mask_with_input_id_labels,
-    labels_from_input_ids,
-    mtp_cp_group,
-    mtp_output_layer,
-    scaled_config,
-)
+from .loss_parts import mtp_cp_group, mtp_output_layer, mtp_targets, scaled_config, undo_per_token_rescale
 
 try:  # 0.18+: inference is a process-wide mode, not a context argument
     from megatron.core.inference.utils import InferenceMode
 except ImportError:  # 0.17
     InferenceMode = None
 
-# 0.19 derives MTP labels from input_ids when labels is None.
-_DERIVES_LABELS = accepts_parameter(process_mtp_loss, "input_ids")
 _TAKES_TP_GROUP = accepts_parameter(process_mtp_loss, "tp_group")
 # Keywords of _postprocess that the MTP block takes under the same name.
 _MTP_BLOCK_KEYWORDS = (
@@ -93,42 +90,34 @@ def _run_mtp_block(model: Any, kwargs: dict[str, Any]) -> torch.Tensor:
     )
 
 
-def _labels_and_mask(model: Any, kwargs: dict[str, Any], cp_group: Any) -> tuple[Any, Optional[torch.Tensor]]:
-    """The caller's labels and loss mask; derived from ``input_ids`` where the options say so and
-    this release would not (0.19 derives them itself for a forward without labels)."""
-    labels, loss_mask = kwargs.get("labels"), kwargs.get("loss_mask")
-    has_labels = labels is not None
-    if not options_for(model).labels_from_input_ids(has_labels) or (not has_labels and _DERIVES_LABELS):
-        return labels, loss_mask
-    roll_left = functools.partial(
+def _roll_left(kwargs: dict[str, Any], cp_group: Any) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    return functools.partial(
         roll_tensor, shifts=-1, dims=-1, cp_group=cp_group, packed_seq_params=kwargs.get("packed_seq_params")
     )
-    derive = caller_mask_with_input_id_labels if has_labels else labels_from_input_ids
-    return derive(kwargs["input_ids"], loss_mask, roll_left)
 
 
-def _attach_mtp_losses(model: Any, hidden_states: torch.Tensor, kwargs: dict[str, Any],
-                       output_weight: Any) -> torch.Tensor:
-    packed_seq_params = kwargs.get("packed_seq_params")
-    cp_group = mtp_cp_group(packed_seq_params, model.pg_collection.cp)
-    labels, loss_mask = _labels_and_mask(model, kwargs, cp_group)
+def _attach_mtp_losses(model: Any, hidden_states: torch.Tensor, kwargs: dict[str, Any], output_weight: Any,
+                       targets: tuple[torch.Tensor, Optional[torch.Tensor]], cp_group: Any) -> torch.Tensor:
+    labels, loss_mask = targets
+    options = options_for(model)
+    compute_loss = model.compute_language_model_loss
+    if model.config.calculate_per_token_loss and not options.rescale_per_token_loss:
+        compute_loss = undo_per_token_rescale(compute_loss, labels, loss_mask, _roll_left(kwargs, cp_group))
     optional: dict[str, Any] = {}
     if _TAKES_TP_GROUP:
         optional["tp_group"] = model.tp_group
-    if _DERIVES_LABELS:
-        optional["input_ids"] = kwargs.get("input_ids")
     return process_mtp_loss(
         hidden_states=hidden_states,
         labels=labels,
         loss_mask=loss_mask,
-        output_layer=mtp_output_layer(model, options_for(model).detach_output_head),
+        output_layer=mtp_output_layer(model, options.detach_output_head),
         output_weight=output_weight,
         runtime_gather_output=kwargs.get("runtime_gather_output"),
         is_training=model.training,
-        compute_language_model_loss=model.compute_language_model_loss,
+        compute_language_model_loss=compute_loss,
         config=scaled_config(model.config, current_loss_scale()),
         cp_group=cp_group,
-        packed_seq_params=packed_seq_params,
+        packed_seq_params=kwargs.get("packed_seq_params"),
         scale_logits_fn=model._scale_logits if model.config.use_mup else None,
         **optional,
     )
@@ -143,10 +132,17 @@ def wrap_postprocess(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(self, *args, **kwargs)
 
         hidden_states = kwargs["hidden_states"]
+        options = options_for(self)
         output_weight = None
         if self.share_embeddings_and_output_weights:
             output_weight = self.shared_embedding_or_output_weight()
-        if not options_for(self).runs_mtp(kwargs.get("labels") is not None):
+        cp_group = mtp_cp_group(kwargs.get("packed_seq_params"), self.pg_collection.cp)
+        labels = kwargs.get("labels")
+        targets = mtp_targets(
+            options, labels, kwargs.get("loss_mask"), kwargs.get("input_ids"),
+            current_mtp_labels() if options.mtp_kwargs else None, _roll_left(kwargs, cp_group),
+        )
+        if targets is None:
             # A log-prob pass (reference model, rollout scoring) or a model whose MTP is not trained
             # (with_labels="skip"): no MTP loss, so no MTP block to run.
             if not kwargs.get("mtp_in_postprocess"):
@@ -154,7 +150,7 @@ def wrap_postprocess(original: Callable[..., Any]) -> Callable[..., Any]:
         else:
             if kwargs.get("mtp_in_postprocess"):
                 hidden_states = _run_mtp_block(self, kwargs)
-            hidden_states = _attach_mtp_losses(self, hidden_states, kwargs, output_weight)
+            hidden_states = _attach_mtp_losses(self, hidden_states, kwargs, output_weight, targets, cp_group)
         return main_head_logits(
             self,
             hidden_states,
@@ -163,6 +159,7 @@ def wrap_postprocess(original: Callable[..., Any]) -> Callable[..., Any]:
             scale_logits=self._scale_logits,
             logger_payload={name: kwargs.get(name) for name in
                             ("input_ids", "position_ids", "attention_mask", "decoder_input")},
+            loss_labels=labels if options.returns == "loss" else None,
         )
 
     return _postprocess
