@@ -21,7 +21,7 @@ FOLDERS = {
     'megatron.router_replay': ('moe_alltoall_replay_token_count.py', 'router_replay.py', 'router_replay_validation.py', 'routing_replay_keyword.py'),
     'modelopt': ('max_calibrator_nan_safe.py', 'qat'),
     'modelopt.qat': ('nvfp4_cpu_fake_quant.py',),
-    'vllm': ('lora', 'moe_expert_weight_loaders.py', 'nvfp4_marlin_w4a16.py', 'refit', 'serve_signals_main_thread.py', 'shm_broadcast_bind_retry.py'),
+    'vllm': ('engine_client_send_lock.py', 'lora', 'moe_expert_weight_loaders.py', 'nvfp4_marlin_w4a16.py', 'refit', 'serve_signals_main_thread.py', 'shm_broadcast_bind_retry.py'),
     'vllm.lora': ('lora_from_tensors.py',),
     'vllm.refit': ('compressed_tensors_nvfp4_moe_refit.py', 'compressed_tensors_nvfp4_refit.py', 'fp8_refit.py', 'mxfp4_moe_refit.py', 'mxfp8_refit.py', 'nvfp4_refit.py'),
 }
@@ -55,6 +55,7 @@ DECLARATIONS = {
     'megatron.router_replay.routing_replay_keyword': (('megatron.routing_replay_keyword', False, (('megatron-core', 'megatron.core'),), ('megatron.core.transformer.transformer_config',), ('megatron-core',)),),
     'modelopt.max_calibrator_nan_safe': (('modelopt.max_calibrator_nan_safe', True, (('nvidia-modelopt', 'modelopt'),), ('modelopt.torch.quantization.calib.max',), ('nvidia-modelopt',)),),
     'modelopt.qat.nvfp4_cpu_fake_quant': (('modelopt.nvfp4_cpu_fake_quant', True, (('nvidia-modelopt', 'modelopt'),), ('modelopt.torch.quantization',), ('nvidia-modelopt',)),),
+    'vllm.engine_client_send_lock': (('vllm.engine_client_send_lock', False, (('vllm', 'vllm'),), ('vllm.v1.engine.core_client',), ('vllm',)),),
     'vllm.lora.lora_from_tensors': (('vllm.lora_from_tensors', False, (('vllm', 'vllm'),), ('vllm.lora.worker_manager',), ('vllm',)),),
     'vllm.moe_expert_weight_loaders': (('vllm.moe_expert_weight_loaders', False, (('vllm', 'vllm'),), (), ('vllm',)),),
     'vllm.nvfp4_marlin_w4a16': (('vllm.nvfp4_marlin_w4a16', True, (('vllm', 'vllm'),), ('vllm.model_executor.layers.quantization.modelopt',), ('vllm',)),),
