@@ -1,0 +1,1 @@
+"""Self-checks of the gradient-communication patches."""
