@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 from _multiprocess import rendezvous, spawn_ranks
+from comm_ranks import CHUNKED_ID as PATCH_ID
+from comm_ranks import chunked_allreduce_rank
 from patchkit.patches.megatron.distributed import _chunked_tp_grad_allreduce as chunked
 from patchkit.patches.megatron.distributed._checks import chunked_tp_grad_allreduce as check
-from tp_grad_ranks import PATCH_ID, chunked_allreduce_rank
 
 import patchkit
 from patchkit.runtime import settings

@@ -1,1 +1,1 @@
-"""Self-checks of the gradient-communication patches."""
+"""Self-checks of the gradient- and pipeline-communication patches."""
