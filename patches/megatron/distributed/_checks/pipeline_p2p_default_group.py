@@ -52,18 +52,23 @@ def ops_groups(ops: list[Any]) -> list[str]:
 
 
 def check_pipeline_p2p_default_group(context: CheckContext) -> None:
-    """A send to the next stage and a receive from the previous one, through upstream's
-    ``P2PCommunicator`` on a pipeline group distinct from the default group: both ops are built on the
-    default group (upstream builds them on the pipeline group)."""
+    """A send to the next stage and a receive from the previous one, shapes then tensors, through
+    upstream's ``P2PCommunicator`` on a pipeline group distinct from the default group: every op is
+    built on the default group (upstream builds the tensor ops, and from 0.16 the shape ops, on the
+    pipeline group)."""
     from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
 
     with one_rank_gloo(), without_cuda():
         pipeline_group = torch.distributed.new_group([0])
         communicator = P2PCommunicator(pipeline_group, pipeline_config())
         with recording_batched_p2p(send=False) as ops:
+            # The shape exchange of variable_seq_lengths, then the tensors (their shape given).
+            communicator._communicate_shapes(tensor_send_next=torch.ones(SHAPE), tensor_send_prev=None,
+                                             recv_prev=True, recv_next=False)
             communicator._communicate(tensor_send_next=torch.ones(SHAPE), tensor_send_prev=None, recv_prev=True,
                                       recv_next=False, tensor_shape=SHAPE)
         groups = ops_groups(ops)
         torch.distributed.destroy_process_group(pipeline_group)
-    expect(len(groups) == 2 and set(groups) == {"default"},
-           "the batched send and receive are built on the default group", ["default", "default"], groups)
+    expect(len(groups) == 4 and set(groups) == {"default"},
+           "the batched sends and receives of shapes and tensors are built on the default group",
+           ["default"] * 4, groups)
