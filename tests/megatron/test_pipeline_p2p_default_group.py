@@ -33,7 +33,7 @@ def test_two_stages_exchange_the_same_tensors_with_every_batched_op_on_the_defau
         assert len(patched_groups) == len(upstream_groups)
 
 
-@pytest.mark.breaks(P2P_ID)
+@pytest.mark.breaks("megatron.pipeline_p2p_default_group")
 def test_the_self_check_sees_the_default_group_and_fails_on_upstream() -> None:
     with patchkit.applied(P2P_ID) as statuses:
         assert [status.state.value for status in statuses] == ["applied"]
