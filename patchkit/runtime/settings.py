@@ -34,6 +34,7 @@ EXTRA_PATCHES = "PATCHKIT_EXTRA_PATCHES"
 MANIFEST_DIR = "PATCHKIT_MANIFEST_DIR"
 FINGERPRINT_CACHE = "PATCHKIT_FINGERPRINT_CACHE"
 REFIT_ALLOW_NON_FINITE = "PATCHKIT_REFIT_ALLOW_NON_FINITE"
+GRAD_ALLREDUCE_CHUNK_BYTES = "PATCHKIT_GRAD_ALLREDUCE_CHUNK_BYTES"
 
 #: Documented in the README; every variable patchkit reads.
 VARIABLES: Mapping[str, str] = {
@@ -52,7 +53,12 @@ VARIABLES: Mapping[str, str] = {
                        "~/.cache/patchkit (a malformed value turns the cache off)",
     REFIT_ALLOW_NON_FINITE: "1/true/yes/on or 0/false/no/off (the default): every vLLM refit in the process "
                             "loads NaN/Inf weights and scales as vLLM does, instead of refusing them",
+    GRAD_ALLREDUCE_CHUNK_BYTES: "a positive number of bytes (default 1073741824, 1 GiB): the most one "
+                                "tensor-parallel gradient all-reduce carries under megatron.chunked_tp_grad_allreduce",
 }
+
+#: What :data:`GRAD_ALLREDUCE_CHUNK_BYTES` is when unset (slime's default).
+DEFAULT_GRAD_ALLREDUCE_CHUNK_BYTES = 1 << 30
 
 MTP_OUTPUT_HEAD = "PATCHKIT_MTP_OUTPUT_HEAD"
 MTP_WITHOUT_LABELS = "PATCHKIT_MTP_WITHOUT_LABELS"
@@ -197,6 +203,20 @@ def parse_log_level(variable: str, value: str) -> int:
     raise ConfigError(variable, value, _LEVEL_FORM)
 
 
+_BYTES_FORM = "a positive whole number of bytes, e.g. 268435456"
+
+
+def parse_byte_count(variable: str, value: str) -> int | None:
+    """A positive whole number of bytes (surrounding spaces allowed); None if unset or empty."""
+    present = _present(variable, value, _BYTES_FORM)
+    if present is None:
+        return None
+    digits = present.strip()
+    if not digits.isascii() or not digits.isdigit() or int(digits) <= 0:
+        raise ConfigError(variable, value, _BYTES_FORM)
+    return int(digits)
+
+
 _FOLDER_FORM = "a folder path, without surrounding whitespace"
 
 
@@ -315,6 +335,8 @@ def read(
     attempt(FINGERPRINT_CACHE, lambda: _cache_flag(env), True)
     attempt(REFIT_ALLOW_NON_FINITE, lambda: parse_bool(REFIT_ALLOW_NON_FINITE, env.get(REFIT_ALLOW_NON_FINITE, "")),
             False)
+    attempt(GRAD_ALLREDUCE_CHUNK_BYTES,
+            lambda: parse_byte_count(GRAD_ALLREDUCE_CHUNK_BYTES, env.get(GRAD_ALLREDUCE_CHUNK_BYTES, "")), None)
     for variable in CHOICES:
         attempt(variable, lambda name=variable: choice(name, env), "")  # type: ignore[misc]
     if known_ids is not None:
@@ -362,6 +384,7 @@ _CONSEQUENCES: Mapping[str, str] = {
     MANIFEST_DIR: "no manifest written",
     FINGERPRINT_CACHE: "the fingerprint cache is off",
     REFIT_ALLOW_NON_FINITE: "vLLM refits refuse non-finite values",
+    GRAD_ALLREDUCE_CHUNK_BYTES: "chunked gradient all-reduces use the default chunk (1 GiB)",
 }
 
 
@@ -451,3 +474,15 @@ def refit_allows_non_finite(environ: Mapping[str, str] | None = None) -> bool:
         return parse_bool(REFIT_ALLOW_NON_FINITE, env.get(REFIT_ALLOW_NON_FINITE, ""))
     except ConfigError:
         return False
+
+
+def grad_allreduce_chunk_bytes(environ: Mapping[str, str] | None = None) -> int:
+    """The most bytes one chunked tensor-parallel gradient all-reduce carries
+    (``PATCHKIT_GRAD_ALLREDUCE_CHUNK_BYTES``), :data:`DEFAULT_GRAD_ALLREDUCE_CHUNK_BYTES` when unset. A
+    malformed value gives the default (``apply_all()`` reports it): the chunk only bounds memory."""
+    env = os.environ if environ is None else environ
+    try:
+        chosen = parse_byte_count(GRAD_ALLREDUCE_CHUNK_BYTES, env.get(GRAD_ALLREDUCE_CHUNK_BYTES, ""))
+    except ConfigError:
+        chosen = None
+    return DEFAULT_GRAD_ALLREDUCE_CHUNK_BYTES if chosen is None else chosen

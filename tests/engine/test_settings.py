@@ -93,6 +93,9 @@ LOCAL_MALFORMED = [
     ("PATCHKIT_MANIFEST_DIR", " ", "whitespace only", "no manifest"),
     ("PATCHKIT_MANIFEST_DIR", " logs", "without surrounding whitespace", "no manifest"),
     ("PATCHKIT_MTP_OUTPUT_HEAD", "both", "accepted: detached, trained", "falls back to 'detached'"),
+    ("PATCHKIT_GRAD_ALLREDUCE_CHUNK_BYTES", "1GiB", "accepted: a positive whole number", "the default chunk"),
+    ("PATCHKIT_GRAD_ALLREDUCE_CHUNK_BYTES", "0", "accepted: a positive whole number", "the default chunk"),
+    ("PATCHKIT_GRAD_ALLREDUCE_CHUNK_BYTES", "\u0663", "accepted: a positive whole number", "the default chunk"),
 ]
 
 MALFORMED = SWITCHES_MALFORMED + [case[:3] for case in LOCAL_MALFORMED]
@@ -424,3 +427,9 @@ def test_no_module_but_settings_reads_a_patchkit_variable_from_the_environment()
                     and " " not in node.value):
                 wrong.append(f"{path.relative_to(root)}:{node.lineno}: {node.value}")
     assert not wrong
+
+
+@pytest.mark.parametrize("value, chunk", [("", 1 << 30), ("4096", 4096), (" 512 ", 512), ("-1", 1 << 30),
+                                          ("1e6", 1 << 30)])
+def test_the_gradient_chunk_is_a_positive_byte_count_and_defaults_to_one_gib(value, chunk):
+    assert settings.grad_allreduce_chunk_bytes({"PATCHKIT_GRAD_ALLREDUCE_CHUNK_BYTES": value}) == chunk

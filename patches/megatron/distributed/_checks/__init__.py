@@ -1,0 +1,1 @@
+"""Self-checks of the gradient- and pipeline-communication patches."""
