@@ -21,7 +21,8 @@ def check_mrope_thd_per_token(context: CheckContext) -> None:
 
     with megatron_on(context.device):
         for outcome in compare_with_roll(build_attention(context.device), context.device):
-            what = f"mRoPE, CP rank {outcome.rank} of {CP_SIZE}: q/k equal ROLL's per-token rotation (largest difference)"
+            what = (f"mRoPE, CP rank {outcome.rank} of {CP_SIZE}: q/k equal ROLL's per-token rotation "
+                    "(largest difference)")
             expect(outcome.error is None and outcome.max_difference is not None
                    and outcome.max_difference <= TOLERANCE, what, f"<= {TOLERANCE}",
                    outcome.error if outcome.error is not None else outcome.max_difference)
