@@ -84,19 +84,27 @@ def upstream_behaviour(patch_id: str, engine: Any = None) -> Iterator[None]:
 
 @contextlib.contextmanager
 def patches_as_they_were(engine: Any = None) -> Iterator[None]:
-    """For tests: revert on exit every patch that was not installed on entry.
+    """For tests: revert on exit every patch that was not installed or waiting on entry.
 
     ``patchkit doctor`` applies what applies in its process (it is a diagnostic process); a test that
-    runs it in the test process would otherwise leave patches installed for the tests after it.
+    runs it in the test process would otherwise leave patches installed for the tests after it, and
+    patches whose target modules were not imported yet waiting to install themselves on a later
+    test's import.
     """
+    from .runtime.status import State
+
     if engine is None:
         from .runtime.process_engine import engine as process_engine
 
         engine = process_engine()
-    before = {s.id for s in engine.status() if s.state.installed}
+
+    def in_effect(status: Any) -> bool:
+        return bool(status.state.installed or status.state is State.PENDING)
+
+    before = {s.id for s in engine.status() if in_effect(s)}
     try:
         yield
     finally:
         for status in engine.status():
-            if status.state.installed and status.id not in before:
+            if in_effect(status) and status.id not in before:
                 engine.revert(status.id)

@@ -120,3 +120,20 @@ def test_engine_patch_installs_on_import_without_wrapt(make_upstream, engine) ->
 
 
 _preloaded = set(sys.modules)
+
+
+def test_patches_as_they_were_cancels_a_patch_left_waiting_for_an_import(make_upstream, engine) -> None:
+    """A doctor run in a test leaves patches of not-yet-imported modules pending: a later test's import
+    must not install them."""
+    from patchkit import Patch, Replace, State, Variant
+    from patchkit.selfcheck import patches_as_they_were
+
+    up = make_upstream("1.0")
+    engine.register(Patch(id="toy.waiting", summary="s", why="w", upstream="u", removal="r",
+                          variants=(Variant({up.name: ">=1"}, (Replace(up.target("Model.forward"), len),)),)))
+    with patches_as_they_were(engine):
+        (pending,) = engine.apply_all()
+        assert pending.state is State.PENDING
+    core = up.import_core()
+    assert core.Model.__dict__["forward"] is not len
+    assert engine.status()[0].state is State.REVERTED
