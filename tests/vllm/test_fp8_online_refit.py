@@ -171,3 +171,75 @@ def test_vllms_second_load_without_a_refit_keeps_serving_the_first_weights(
 def test_the_patches_install_on_this_release(online_fp8: None) -> None:
     with installed("vllm.fp8_online_refit"):
         pass
+
+
+# --- power-of-two scales (opt-in ``vllm.fp8_online_pow2_scales``), against NeMo-RL's formula ---
+
+
+def nemo_rl_pow2_fp8(data_hp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """NeMo-RL's FP8 quantisation with ``use_weight_pow2_scale`` (``cast_tensor_to_fp8_blockwise`` in
+    ``nemo_rl/models/generation/vllm/quantization/fp8.py`` at 7ea279a), transcribed step by step for one
+    block that is the whole tensor: (FP8 data, descale)."""
+    max_dtype = torch.finfo(torch.float8_e4m3fn).max
+    data_hp = data_hp.to(torch.float32)
+    max_abs = torch.amax(torch.abs(data_hp))
+    descale = max_abs / max_dtype
+    exponent = torch.ceil(torch.log2(descale))
+    exponent = torch.clamp(exponent, min=-127, max=127) + 127
+    exponent = exponent.to(torch.uint8)
+    scale_fp = torch.where(exponent == 0, 1.0, torch.exp2(127 - exponent.to(torch.float32)))
+    descale_fp = torch.reciprocal(scale_fp)
+    data_lp = torch.clamp(data_hp * scale_fp, min=-1 * max_dtype, max=max_dtype)
+    return data_lp.to(torch.float8_e4m3fn), descale_fp
+
+
+@pytest.fixture
+def pow2_scales(online_fp8_refit_patches: None) -> object:
+    with installed("vllm.fp8_online_pow2_scales"):
+        yield
+
+
+def _served_linear(model: torch.nn.Module) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Each linear layer's FP8 weight in the checkpoint's [out, in] layout, and its scale."""
+    return {name: (getattr(model, name).weight.detach().t(), getattr(model, name).weight_scale.detach().reshape(()))
+            for name in ("gate_up", "down")}
+
+
+@pytest.mark.parametrize("start", ["load", "dummy"])
+def test_pow2_scales_quantise_as_nemo_rl_does(pow2_scales: None, vllm_config: object, start: str) -> None:
+    """With the option, vLLM's first load and every refit quantise bf16 weights exactly as NeMo-RL's pow2
+    formula does (one block: the whole tensor), an all-zero weight included (scale 1.0)."""
+    model = started("linear", "online", start, vllm_config)
+    for seed in (1, 2):
+        weights = linear_checkpoint(seed=seed)
+        if seed == 2:
+            weights["down.weight"] = torch.zeros_like(weights["down.weight"])
+        refit_weights(model, items(weights))
+        fused = {"gate_up": torch.cat([weights["gate.weight"], weights["up.weight"]]), "down": weights["down.weight"]}
+        for name, (served, scale) in _served_linear(model).items():
+            data, descale = nemo_rl_pow2_fp8(fused[name])
+            assert torch.equal(scale, descale), (name, scale, descale)
+            assert torch.equal(bits(served.contiguous()), bits(data)), name
+        assert_same_as_first_load(model, first_load("linear", "online", weights))
+
+
+def test_pow2_scales_round_moe_expert_scales_as_nemo_rl_does(pow2_scales: None, vllm_config: object) -> None:
+    model = started("moe", "online", "dummy", vllm_config)
+    weights = moe_checkpoint(seed=1)
+    refit_weights(model, items(weights))
+    routed = model.routed
+    for expert in range(routed.w2_weight.shape[0]):
+        w13 = torch.cat([weights[f"experts.{expert}.gate_proj.weight"], weights[f"experts.{expert}.up_proj.weight"]])
+        w2 = weights[f"experts.{expert}.down_proj.weight"]
+        for bf16, scale in ((w13, routed.w13_weight_scale[expert]), (w2, routed.w2_weight_scale[expert])):
+            assert torch.equal(scale.detach(), nemo_rl_pow2_fp8(bf16)[1])
+    assert_same_as_first_load(model, first_load("moe", "online", weights))
+
+
+def test_without_the_option_scales_are_vllms_amax_over_448(online_fp8_refit_patches: None) -> None:
+    """The option is what makes the scales powers of two: vLLM's own are not (the checkpoint's are not)."""
+    weights = linear_checkpoint(seed=1)
+    model = first_load("linear", "online", weights)
+    scale = model.down.weight_scale.detach().reshape(())
+    assert not torch.equal(scale, nemo_rl_pow2_fp8(weights["down.weight"])[1])
+    assert torch.equal(scale, weights["down.weight"].float().abs().max() / torch.tensor(448.0))

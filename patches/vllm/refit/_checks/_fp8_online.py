@@ -15,6 +15,7 @@ derives from it is not shared by accident.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -87,3 +88,24 @@ def moe_checkpoint(seed: int) -> dict[str, torch.Tensor]:
                                  ("down_proj", (HIDDEN, INTERMEDIATE))):
             tensors[f"experts.{expert}.{proj}.weight"] = _bf16(generator, out, inp, 0.01 * (expert + 1))
     return tensors
+
+
+MODELS = {"linear": OnlineFp8Linears, "moe": OnlineFp8Moe}
+CHECKPOINTS = {"linear": linear_checkpoint, "moe": moe_checkpoint}
+
+
+def items(weights: dict[str, torch.Tensor], device: str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
+    return iter([(name, tensor.to(device)) for name, tensor in weights.items()])
+
+
+def first_load(kind: str, config: str, weights: dict[str, torch.Tensor], device: str = "cpu") -> torch.nn.Module:
+    """vLLM's own first load: a fresh model, its loaders (which quantise once a layer is loaded), its
+    processing. Online FP8 reads the model's dtype, which the self-checks' vLLM config lacks: bf16 there."""
+    from ..._checks._cpu_stand_in import model_config_fields
+    from ..._nvfp4_checkpoint import process_weights_after_loading
+
+    with torch.device(device), model_config_fields(dtype=torch.bfloat16):
+        model = MODELS[kind](config)
+    model.load_weights(items(weights, device))
+    process_weights_after_loading(model)
+    return model
