@@ -47,9 +47,11 @@ def online_fp8(cpu_fp8_ops: None, cpu_dynamic_fp8_quant: None) -> None:
 @pytest.fixture
 def online_fp8_refit_patches(online_fp8: None) -> object:
     """The online-FP8 refit patches that have a variant for this vLLM, applied for the test."""
+    # Both patches' modules imported first, so each patch installs now rather than waiting for them.
+    import vllm.model_executor.layers.quantization.fp8  # noqa: F401
+    import vllm.model_executor.layers.quantization.online.fp8  # noqa: F401
+
     import patchkit
-    import vllm.model_executor.layers.quantization.fp8  # noqa: F401  (both patches' modules, imported:
-    import vllm.model_executor.layers.quantization.online.fp8  # noqa: F401  each patch installs now)
 
     with patchkit.applied(*PATCHES) as records:
         states = {record.id: record.state.value for record in records}

@@ -17,8 +17,9 @@ weight is sharded along the reduced dimension, and the op's static mode quantise
 and put in place of the bf16 parameter, and the layer is marked processed.
 ``Fp8PerTensorOnlineMoEMethod`` does the same per expert for ``w13_weight`` and ``w2_weight`` (one scale
 per expert each) and converts them to the backend's layout. vLLM 0.24's ``Fp8Config`` builds its own
-``Fp8OnlineMoEMethod`` for MoE layers instead, in another module: ``vllm.fp8_online_moe_refit``. A second ``load_weights`` then writes bf16
-checkpoint tensors into the FP8 kernel tensors, or is skipped by the processed flag.
+``Fp8OnlineMoEMethod`` for MoE layers instead, in another module: ``vllm.fp8_online_moe_refit``. A second
+``load_weights`` then writes bf16 checkpoint tensors into the FP8 kernel tensors, or is skipped by the
+processed flag.
 
 A refit stages the bf16 parameters ``create_weights`` registered (materialised, with their loaders),
 loads the bf16 weights through them, clears the processed flag (the format's row:
