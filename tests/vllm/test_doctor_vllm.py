@@ -196,3 +196,30 @@ def test_pow2_scales_check_fails_with_upstreams_scales():
         (verdict,) = run([FP8_ONLINE_POW2], device="cpu")[0]
     assert verdict.verdict == FAILED
     assert "power-of-two scales" in verdict.message, verdict.message
+
+
+# --- vllm.fp8_online_moe_refit (vLLM 0.24's Fp8OnlineMoEMethod) ---
+
+
+def _skip_unless_fp8_online_moe_method():
+    from vllm.model_executor.layers.quantization import fp8
+
+    if not hasattr(fp8, "Fp8OnlineMoEMethod"):
+        pytest.skip("this vLLM has no Fp8OnlineMoEMethod (0.24 only)")
+
+
+def test_fp8_online_moe_check_is_verified(cpu_fp8_ops):
+    """In-process, with the harness's Triton experts listed for CPU (the MoE backend vLLM 0.24 finds there)."""
+    _skip_unless_fp8_online_moe_method()
+    with patchkit.applied(FP8_ONLINE_MOE):
+        (verdict,) = run([FP8_ONLINE_MOE], device="cpu")[0]
+    assert verdict.verdict == VERIFIED, verdict.message
+
+
+@pytest.mark.breaks(FP8_ONLINE_MOE)
+def test_fp8_online_moe_check_fails_with_upstreams_layer_methods(cpu_fp8_ops):
+    _skip_unless_fp8_online_moe_method()
+    with patchkit.applied(FP8_ONLINE_MOE), upstream_behaviour(FP8_ONLINE_MOE):
+        (verdict,) = run([FP8_ONLINE_MOE], device="cpu")[0]
+    assert verdict.verdict == FAILED
+    assert "processed before patchkit recorded it" in verdict.message, verdict.message
