@@ -162,7 +162,7 @@ def test_refit_round_trip_check_is_verified(patch_id):
     pytest.param(FP8_ONLINE, ("refit with a second checkpoint of vLLM's online-FP8 linear layers: expected the "
                               "layers take the new weights, found RefitError",
                               "processed before patchkit recorded it"),
-                 marks=pytest.mark.breaks(FP8_ONLINE),
+                 marks=pytest.mark.breaks("vllm.fp8_online_refit"),
                  id=FP8_ONLINE),
 ])
 def test_refit_round_trip_check_fails_with_upstreams_layer_methods(patch_id, reported):
@@ -186,7 +186,7 @@ def test_pow2_scales_check_is_verified_where_declared():
     assert verdict.verdict == VERIFIED, verdict.message
 
 
-@pytest.mark.breaks(FP8_ONLINE_POW2)
+@pytest.mark.breaks("vllm.fp8_online_pow2_scales")
 def test_pow2_scales_check_fails_with_upstreams_scales():
     import vllm
 
@@ -216,7 +216,7 @@ def test_fp8_online_moe_check_is_verified(cpu_fp8_ops):
     assert verdict.verdict == VERIFIED, verdict.message
 
 
-@pytest.mark.breaks(FP8_ONLINE_MOE)
+@pytest.mark.breaks("vllm.fp8_online_moe_refit")
 def test_fp8_online_moe_check_fails_with_upstreams_layer_methods(cpu_fp8_ops):
     _skip_unless_fp8_online_moe_method()
     with patchkit.applied(FP8_ONLINE_MOE), upstream_behaviour(FP8_ONLINE_MOE):
