@@ -25,7 +25,7 @@ FOLDERS = {
     'modelopt.qat': ('nvfp4_cpu_fake_quant.py',),
     'vllm': ('engine_client_send_lock.py', 'lora', 'moe_expert_weight_loaders.py', 'nvfp4_marlin_w4a16.py', 'openai_namespace_tool.py', 'refit', 'serve_signals_main_thread.py', 'shm_broadcast_bind_retry.py'),
     'vllm.lora': ('lora_from_tensors.py',),
-    'vllm.refit': ('compressed_tensors_nvfp4_moe_refit.py', 'compressed_tensors_nvfp4_refit.py', 'fp8_refit.py', 'mxfp4_moe_refit.py', 'mxfp8_refit.py', 'nvfp4_refit.py'),
+    'vllm.refit': ('compressed_tensors_nvfp4_moe_refit.py', 'compressed_tensors_nvfp4_refit.py', 'fp8_online_moe_refit.py', 'fp8_online_pow2_scales.py', 'fp8_online_refit.py', 'fp8_refit.py', 'mxfp4_moe_refit.py', 'mxfp8_refit.py', 'nvfp4_refit.py'),
 }
 
 DECLARATIONS = {
@@ -69,6 +69,9 @@ DECLARATIONS = {
     'vllm.openai_namespace_tool': (('vllm.openai_namespace_tool', False, (('vllm', 'vllm'), ('openai', None)), ('vllm', 'openai.types.responses'), ('vllm',)),),
     'vllm.refit.compressed_tensors_nvfp4_moe_refit': (('vllm.compressed_tensors_nvfp4_moe_refit', False, (('vllm', 'vllm'),), ('vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe.compressed_tensors_moe_w4a4_nvfp4',), ('vllm',)),),
     'vllm.refit.compressed_tensors_nvfp4_refit': (('vllm.compressed_tensors_nvfp4_refit', False, (('vllm', 'vllm'),), ('vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors',), ('vllm',)),),
+    'vllm.refit.fp8_online_moe_refit': (('vllm.fp8_online_moe_refit', False, (('vllm', 'vllm'),), ('vllm.model_executor.layers.quantization.fp8',), ('vllm',)),),
+    'vllm.refit.fp8_online_pow2_scales': (('vllm.fp8_online_pow2_scales', True, (('vllm', 'vllm'),), ('vllm.model_executor.layers.quantization.online.fp8',), ('vllm',)),),
+    'vllm.refit.fp8_online_refit': (('vllm.fp8_online_refit', False, (('vllm', 'vllm'),), ('vllm.model_executor.layers.quantization.online.fp8',), ('vllm',)),),
     'vllm.refit.fp8_refit': (('vllm.fp8_refit', False, (('vllm', 'vllm'),), ('vllm.model_executor.layers.quantization.fp8',), ('vllm',)),),
     'vllm.refit.mxfp4_moe_refit': (('vllm.mxfp4_moe_refit', False, (('vllm', 'vllm'),), ('vllm.model_executor.layers.quantization.mxfp4',), ('vllm',)),),
     'vllm.refit.mxfp8_refit': (('vllm.mxfp8_refit', False, (('vllm', 'vllm'),), ('vllm.model_executor.layers.quantization.modelopt',), ('vllm',)),),

@@ -68,6 +68,16 @@ def fp8_refit_patch(cpu_fp8_ops: None) -> Iterator[None]:
         yield
 
 
+@pytest.fixture
+def fp8_online_refit_patch(cpu_fp8_ops: None) -> Iterator[None]:
+    """``vllm.fp8_online_refit`` applied for the test, reverted after (its module imported first, so it
+    installs now)."""
+    import vllm.model_executor.layers.quantization.online.fp8  # noqa: F401
+
+    with installed("vllm.fp8_online_refit"):
+        yield
+
+
 @pytest.fixture(autouse=True)
 def sigint_raises(python_sigint_handler: None) -> None:
     """Python's own SIGINT handler for every test here (``python_sigint_handler``): the refit's signal

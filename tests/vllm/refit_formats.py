@@ -40,6 +40,23 @@ def _fp8(kind: str, block: bool) -> FormatCase:
     )
 
 
+def _fp8_online(kind: str) -> FormatCase:
+    from patchkit.patches.vllm.refit._checks._fp8_online import (
+        OnlineFp8Linears,
+        OnlineFp8Moe,
+        linear_checkpoint,
+        moe_checkpoint,
+    )
+
+    moe = kind == "moe"
+    return FormatCase(
+        lambda: ("vllm.fp8_online_refit",), ("cpu_fp8_ops", "cpu_dynamic_fp8_quant"), None,
+        OnlineFp8Moe if moe else OnlineFp8Linears,  # OnlineQuantizationConfig: the online.fp8 classes
+        moe_checkpoint if moe else linear_checkpoint,
+        moe,
+    )
+
+
 def _ct(kind: str) -> FormatCase:
     from patchkit.patches.vllm.refit._checks._ct_nvfp4_checkpoint import (
         CtLinears,
@@ -113,6 +130,8 @@ FORMATS: dict[str, Callable[[], FormatCase]] = {
     "fp8-linear-block": lambda: _fp8("linear", True),
     "fp8-moe": lambda: _fp8("moe", False),
     "fp8-moe-block": lambda: _fp8("moe", True),
+    "fp8-online-linear": lambda: _fp8_online("linear"),
+    "fp8-online-moe": lambda: _fp8_online("moe"),
     "ct-nvfp4-linear": lambda: _ct("linear"),
     "ct-nvfp4-moe": lambda: _ct("moe"),
     "modelopt-nvfp4-linear": lambda: _modelopt_nvfp4("linear"),

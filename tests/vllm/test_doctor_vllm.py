@@ -105,6 +105,12 @@ def test_the_command_verifies_every_vllm_patch_in_a_fresh_process_without_the_te
     # The same for its FP8 kernel table (the FP8 linear layer cannot be built there).
     fp8 = verdicts.pop(FP8)
     assert fp8[0] in (VERIFIED, "needs_gpu"), fp8
+    # Online FP8: verified where declared (the linear check on 0.24-0.33, the pow2 option on 0.29+, 0.24's own
+    # MoE method on 0.24), not applicable elsewhere; 0.24's MoE backend may not be found without CUDA.
+    for patch_id, allowed in ((FP8_ONLINE, (VERIFIED, "needs_gpu")), (FP8_ONLINE_POW2, (VERIFIED, "not_applicable")),
+                              (FP8_ONLINE_MOE, (VERIFIED, "needs_gpu", "not_applicable"))):
+        verdict = verdicts.pop(patch_id)
+        assert verdict[0] in allowed, (patch_id, verdict)
     assert {k: v[0] for k, v in verdicts.items()} == expected, verdicts
     assert done.returncode == 0
 
@@ -114,7 +120,10 @@ def test_the_command_verifies_every_vllm_patch_in_a_fresh_process_without_the_te
 FP8 = "vllm.fp8_refit"
 CT_NVFP4 = "vllm.compressed_tensors_nvfp4_refit"
 CT_NVFP4_MOE = "vllm.compressed_tensors_nvfp4_moe_refit"
-ROUND_TRIP_CHECKED = (FP8, CT_NVFP4, CT_NVFP4_MOE, "vllm.mxfp4_moe_refit", "vllm.mxfp8_refit")
+FP8_ONLINE = "vllm.fp8_online_refit"
+FP8_ONLINE_MOE = "vllm.fp8_online_moe_refit"
+FP8_ONLINE_POW2 = "vllm.fp8_online_pow2_scales"
+ROUND_TRIP_CHECKED = (FP8, CT_NVFP4, CT_NVFP4_MOE, "vllm.mxfp4_moe_refit", "vllm.mxfp8_refit", FP8_ONLINE)
 
 
 @pytest.mark.parametrize("patch_id", ROUND_TRIP_CHECKED)
@@ -150,6 +159,11 @@ def test_refit_round_trip_check_is_verified(patch_id):
                                       "processed before patchkit recorded it"),
                  marks=pytest.mark.breaks("vllm.mxfp8_refit"),
                  id="vllm.mxfp8_refit"),
+    pytest.param(FP8_ONLINE, ("refit with a second checkpoint of vLLM's online-FP8 linear layers: expected the "
+                              "layers take the new weights, found RefitError",
+                              "processed before patchkit recorded it"),
+                 marks=pytest.mark.breaks("vllm.fp8_online_refit"),
+                 id=FP8_ONLINE),
 ])
 def test_refit_round_trip_check_fails_with_upstreams_layer_methods(patch_id, reported):
     with patchkit.applied(patch_id), upstream_behaviour(patch_id):
@@ -157,3 +171,55 @@ def test_refit_round_trip_check_fails_with_upstreams_layer_methods(patch_id, rep
     assert verdict.verdict == FAILED
     for fragment in reported:
         assert fragment in verdict.message, verdict.message
+
+
+# --- vllm.fp8_online_pow2_scales (opt-in) ---
+
+
+def test_pow2_scales_check_is_verified_where_declared():
+    import vllm
+
+    if vllm.__version__.startswith("0.24."):
+        pytest.skip("vLLM 0.24's online FP8 derives its scales in a compiled op: the option is declared for 0.29+")
+    with patchkit.applied(FP8_ONLINE_POW2):
+        (verdict,) = run([FP8_ONLINE_POW2], device="cpu")[0]
+    assert verdict.verdict == VERIFIED, verdict.message
+
+
+@pytest.mark.breaks("vllm.fp8_online_pow2_scales")
+def test_pow2_scales_check_fails_with_upstreams_scales():
+    import vllm
+
+    if vllm.__version__.startswith("0.24."):
+        pytest.skip("declared for vLLM 0.29+")
+    with patchkit.applied(FP8_ONLINE_POW2), upstream_behaviour(FP8_ONLINE_POW2):
+        (verdict,) = run([FP8_ONLINE_POW2], device="cpu")[0]
+    assert verdict.verdict == FAILED
+    assert "power-of-two scales" in verdict.message, verdict.message
+
+
+# --- vllm.fp8_online_moe_refit (vLLM 0.24's Fp8OnlineMoEMethod) ---
+
+
+def _skip_unless_fp8_online_moe_method():
+    from vllm.model_executor.layers.quantization import fp8
+
+    if not hasattr(fp8, "Fp8OnlineMoEMethod"):
+        pytest.skip("this vLLM has no Fp8OnlineMoEMethod (0.24 only)")
+
+
+def test_fp8_online_moe_check_is_verified(cpu_fp8_ops):
+    """In-process, with the harness's Triton experts listed for CPU (the MoE backend vLLM 0.24 finds there)."""
+    _skip_unless_fp8_online_moe_method()
+    with patchkit.applied(FP8_ONLINE_MOE):
+        (verdict,) = run([FP8_ONLINE_MOE], device="cpu")[0]
+    assert verdict.verdict == VERIFIED, verdict.message
+
+
+@pytest.mark.breaks("vllm.fp8_online_moe_refit")
+def test_fp8_online_moe_check_fails_with_upstreams_layer_methods(cpu_fp8_ops):
+    _skip_unless_fp8_online_moe_method()
+    with patchkit.applied(FP8_ONLINE_MOE), upstream_behaviour(FP8_ONLINE_MOE):
+        (verdict,) = run([FP8_ONLINE_MOE], device="cpu")[0]
+    assert verdict.verdict == FAILED
+    assert "processed before patchkit recorded it" in verdict.message, verdict.message

@@ -1,8 +1,8 @@
 """A refit refuses, before any write, a layer whose quantization patchkit cannot refit.
 
 The layers are vLLM's own (``RowParallelLinear``), built by vLLM's own quantization configs: online
-FP8 (a bf16 checkpoint quantised at load: ``Fp8Config(is_checkpoint_fp8_serialized=False)`` on 0.24,
-``OnlineQuantizationConfig`` with ``linear="fp8_per_tensor"`` on 0.33, which dropped the former) and
+FP8 per block (a bf16 checkpoint quantised at load, 128 x 128 blocks: ``OnlineQuantizationConfig`` with
+``linear="fp8_per_block"``; per-tensor online FP8 has its own patch, ``vllm.fp8_online_refit``) and
 compressed-tensors W4A16 int4 (``CompressedTensorsConfig.from_config``: ``CompressedTensorsWNA16`` on
 ``layer.scheme``; compressed-tensors NVFP4 has its own patch, ``vllm.compressed_tensors_nvfp4_refit``, and
 tests in test_compressed_tensors_nvfp4_refit.py). Before this refusal a refit wrote the checkpoint tensors
@@ -20,15 +20,11 @@ from patchkit.patches.vllm.refit import RefitError, UnsupportedQuantizationError
 IN, OUT = 256, 128
 
 
-def online_fp8_config() -> object:
-    from vllm.model_executor.layers.quantization import fp8
-
-    if hasattr(fp8, "Fp8OnlineMoEMethod"):  # 0.24: fp8 quantises a bf16 checkpoint itself
-        return fp8.Fp8Config(is_checkpoint_fp8_serialized=False)
+def online_fp8_per_block_config() -> object:
     from vllm.config.quantization import QuantizationConfigArgs
     from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
 
-    return OnlineQuantizationConfig(QuantizationConfigArgs(linear="fp8_per_tensor"))
+    return OnlineQuantizationConfig(QuantizationConfigArgs(linear="fp8_per_block"))
 
 
 def compressed_tensors_w4a16_int4_config() -> object:
@@ -78,16 +74,17 @@ def checkpoint(model: Model, seed: int) -> dict[str, torch.Tensor]:
     return out
 
 
-CONFIGS = {"online_fp8": online_fp8_config, "compressed_tensors_w4a16_int4": compressed_tensors_w4a16_int4_config}
+CONFIGS = {
+    "online_fp8_per_block": online_fp8_per_block_config,
+    "compressed_tensors_w4a16_int4": compressed_tensors_w4a16_int4_config,
+}
 METHODS = {
-    "online_fp8": r"Fp8PerTensorOnlineLinearMethod",
+    "online_fp8_per_block": r"Fp8PerBlockOnlineLinearMethod",
     "compressed_tensors_w4a16_int4": r"CompressedTensorsLinearMethod \(scheme CompressedTensorsWNA16\)",
 }
 
 
-def loaded_model(kind: str, request: pytest.FixtureRequest) -> Model:
-    if kind != "compressed_tensors_w4a16_int4":
-        request.getfixturevalue("cpu_dynamic_fp8_quant")  # 0.24 quantises as the loader completes the layer
+def loaded_model(kind: str) -> Model:
     model = Model(CONFIGS[kind]())
     model.load_weights(items(checkpoint(model, seed=1)))
     return model
@@ -95,23 +92,24 @@ def loaded_model(kind: str, request: pytest.FixtureRequest) -> Model:
 
 @pytest.mark.parametrize("kind", CONFIGS)
 def test_refit_weights_refuses_the_unsupported_layer_by_name_and_changes_nothing(
-    kind: str, request: pytest.FixtureRequest, nvfp4_refit_patch: None, fp8_refit_patch: None
+    kind: str, nvfp4_refit_patch: None, fp8_refit_patch: None, fp8_online_refit_patch: None
 ) -> None:
-    model = loaded_model(kind, request)
+    model = loaded_model(kind)
     before = kernel_state(model)
     with pytest.raises(UnsupportedQuantizationError, match=rf"'quantized' uses {METHODS[kind]}.*supports") as caught:
         refit_weights(model, items(checkpoint(model, seed=2)))
     assert isinstance(caught.value, RefitError)
     assert caught.value.layer == "quantized"
     assert "vllm.nvfp4_refit" in caught.value.supported and "vllm.fp8_refit" in caught.value.supported
+    assert "vllm.fp8_online_refit" in caught.value.supported
     assert_same_kernel_state(model, before)
 
 
 @pytest.mark.parametrize("kind", CONFIGS)
 def test_with_refit_refuses_before_the_block_runs(
-    kind: str, request: pytest.FixtureRequest, nvfp4_refit_patch: None, fp8_refit_patch: None
+    kind: str, nvfp4_refit_patch: None, fp8_refit_patch: None, fp8_online_refit_patch: None
 ) -> None:
-    model = loaded_model(kind, request)
+    model = loaded_model(kind)
     before = kernel_state(model)
     ran = []
     with pytest.raises(UnsupportedQuantizationError, match="'quantized'"), refit(model):

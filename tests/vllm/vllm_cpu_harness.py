@@ -32,9 +32,10 @@ Harness redirects (test-only, nothing else of vLLM is replaced):
   backend, first on CPU). No Triton or CPU-kernel forward runs: those tests read kernel tensors. Both
   sides of every comparison, patchkit's refit and vLLM's own first load, go through the same
   stand-ins; all are removed on exit.
-- ``cpu_dynamic_fp8_quant`` only (online-FP8 refusal test, vLLM 0.24): ``dynamic_scaled_fp8_quant`` in
-  torch (per-tensor, scale = amax / 448), which 0.24's online FP8 linear method calls as its loader
-  completes a layer. The test reads no output of it, only that a refit changes no byte.
+- ``cpu_dynamic_fp8_quant`` only (online-FP8 refit tests, vLLM 0.24): ``dynamic_scaled_fp8_quant`` in
+  torch (per-tensor, scale = amax / 448, then the static op's ``x / scale``), which 0.24's online FP8
+  methods call as the loader completes a layer (0.29+ compute amax / 448 in torch and call the static op).
+  Both sides of every comparison, patchkit's refit and vLLM's own first load, go through it.
 """
 
 from __future__ import annotations
@@ -147,27 +148,13 @@ def cpu_fp8_ops() -> Iterator[None]:
             torch.ops._C.__dict__.pop(name, None)
 
 
-def _dynamic_scaled_fp8_quant(result: torch.Tensor, input: torch.Tensor, scale: torch.Tensor) -> None:
-    scale.fill_(input.abs().max().float().clamp(min=1e-12) / 448.0)
-    result.copy_((input.float() / scale).clamp(-448.0, 448.0).to(result.dtype))
-
-
 @contextlib.contextmanager
 def cpu_dynamic_fp8_quant() -> Iterator[None]:
-    """``torch.ops._C.dynamic_scaled_fp8_quant`` (per-tensor: scale = amax / 448) in torch where vLLM's
-    build lacks it: vLLM 0.24's online FP8 linear method quantises a bf16 weight with it as its loader
-    completes the layer (tests/vllm/test_refit_unsupported_quant.py builds such a layer)."""
-    if hasattr(torch.ops._C, "dynamic_scaled_fp8_quant"):
+    """``torch.ops._C.dynamic_scaled_fp8_quant`` (per-tensor: scale = amax / 448) and the static op in torch
+    where vLLM's build lacks them (``_cpu_stand_in.cpu_fp8_quant``, shared with the self-checks): vLLM 0.24's
+    online FP8 methods quantise a bf16 weight with the dynamic op as the loader completes the layer."""
+    with cpu_fp8_quant():
         yield
-        return
-    library = torch.library.Library("_C", "FRAGMENT")
-    library.define("dynamic_scaled_fp8_quant(Tensor(a!) result, Tensor input, Tensor(b!) scale) -> ()")
-    library.impl("dynamic_scaled_fp8_quant", _dynamic_scaled_fp8_quant, "CompositeExplicitAutograd")
-    try:
-        yield
-    finally:
-        library._destroy()
-        torch.ops._C.__dict__.pop("dynamic_scaled_fp8_quant", None)  # torch.ops caches the packet
 
 
 # The NVFP4 emulation and Marlin-layout redirects are shipped (the vLLM self-checks use them): one copy.

@@ -9,10 +9,12 @@ Redirects, each reverted on exit, nothing else of vLLM replaced:
 - ``Nvfp4QuantizationEmulationTritonExperts._supports_current_device`` answers True, so the NVFP4 MoE
   oracle selects its emulation backend and MoE layers can be built and processed on CPU.
 
-- :func:`cpu_fp8_quant` (CPU only, where vLLM's compiled ``_C`` library lacks it, as in its PyPI
+- :func:`cpu_fp8_quant` (CPU only, where vLLM's compiled ``_C`` library lacks them, as in its PyPI
   wheel): ``torch.ops._C.static_scaled_fp8_quant`` registered, written in torch (per-tensor only:
-  ``x / scale`` clamped to +-448 and cast to the output's FP8 type). vLLM's FP8 processing requantises
-  every per-tensor weight with it (``requantize_with_max_scale``); removed on exit.
+  ``x / scale`` clamped to +-448 and cast to the output's FP8 type), and ``dynamic_scaled_fp8_quant``
+  (the same, with scale = amax / 448 computed first). vLLM's FP8 processing requantises every
+  per-tensor weight with the static op (``requantize_with_max_scale``), and online FP8 quantises bf16
+  weights with one or the other (0.29+: static at amax / 448; 0.24: dynamic); removed on exit.
 - :func:`cpu_platform`: vLLM's CPU platform where none was resolved (vLLM 0.24's PyPI wheel).
 - :func:`cpu_marlin_layout` only (W4A16 checks): ``MarlinNvFp4LinearKernel.is_supported`` answers True
   and the CUDA op ``gptq_marlin_repack`` is replaced by a reshape to the shape Marlin returns, so
@@ -168,19 +170,40 @@ def _static_scaled_fp8_quant(result: Any, input: Any, scale: Any, group_shape: l
     result.copy_((input.float() / scale.float()).clamp(-_FP8_E4M3_MAX, _FP8_E4M3_MAX).to(result.dtype))
 
 
+def _dynamic_scaled_fp8_quant(result: Any, input: Any, scale: Any) -> None:
+    scale.fill_(input.abs().max().float().clamp(min=1e-12) / _FP8_E4M3_MAX)
+    result.copy_((input.float() / scale).clamp(-_FP8_E4M3_MAX, _FP8_E4M3_MAX).to(result.dtype))
+
+
+#: op name -> (schema, torch implementation)
+_FP8_QUANT_OPS = {
+    "static_scaled_fp8_quant": (
+        "static_scaled_fp8_quant(Tensor(a!) result, Tensor input, Tensor scale, int[]? group_shape=None) -> ()",
+        _static_scaled_fp8_quant,
+    ),
+    "dynamic_scaled_fp8_quant": (
+        "dynamic_scaled_fp8_quant(Tensor(a!) result, Tensor input, Tensor(b!) scale) -> ()",
+        _dynamic_scaled_fp8_quant,
+    ),
+}
+
+
 @contextlib.contextmanager
 def cpu_fp8_quant() -> Iterator[None]:
-    """``torch.ops._C.static_scaled_fp8_quant`` in torch where vLLM's build lacks it (module docstring)."""
+    """``torch.ops._C.static_scaled_fp8_quant`` and ``dynamic_scaled_fp8_quant`` in torch where vLLM's build
+    lacks them (module docstring)."""
     import torch
 
     with contextlib.ExitStack() as stack:
-        if not hasattr(torch.ops._C, "static_scaled_fp8_quant"):
+        missing = [name for name in _FP8_QUANT_OPS if not hasattr(torch.ops._C, name)]
+        if missing:
             library = torch.library.Library("_C", "FRAGMENT")
-            library.define("static_scaled_fp8_quant(Tensor(a!) result, Tensor input, Tensor scale,"
-                           " int[]? group_shape=None) -> ()")
-            library.impl("static_scaled_fp8_quant", _static_scaled_fp8_quant, "CompositeExplicitAutograd")
-            # torch.ops caches the resolved packet: drop it with the library
-            stack.callback(torch.ops._C.__dict__.pop, "static_scaled_fp8_quant", None)
+            for name in missing:
+                schema, implementation = _FP8_QUANT_OPS[name]
+                library.define(schema)
+                library.impl(name, implementation, "CompositeExplicitAutograd")
+                # torch.ops caches the resolved packet: drop it with the library
+                stack.callback(torch.ops._C.__dict__.pop, name, None)
             stack.callback(library._destroy)
         yield
 

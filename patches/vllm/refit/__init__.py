@@ -12,7 +12,8 @@ One call sequence works on every vLLM version patchkit supports::
 ``weights`` are in the format of the checkpoint the model was started from: ModelOpt NVFP4 (packed
 ``weight``, ``weight_scale``, ``weight_scale_2``, ``input_scale``), FP8-serialised (E4M3
 ``weight`` with ``weight_scale``/``input_scale``, or ``weight_scale_inv`` per block) or ModelOpt MXFP8
-(E4M3 ``weight``, E8M0 ``weight_scale`` per 32 inputs), plus whatever
+(E4M3 ``weight``, E8M0 ``weight_scale`` per 32 inputs), or bf16 for the layers vLLM quantised to FP8 at
+load (online FP8, per tensor: vLLM's own processing quantises them again), plus whatever
 unquantized tensors the model has. The model may have been started with ``load_format="dummy"`` (as
 verl and NeMo-RL do): what a refit must supply is read from the parameters each layer's
 ``create_weights`` registered, not from what a first load wrote.
@@ -20,7 +21,8 @@ verl and NeMo-RL do): what a refit must supply is read from the parameters each 
 Layers are recorded at their first ``process_weights_after_loading`` by the patch of their format:
 ``vllm.nvfp4_refit`` (ModelOpt NVFP4 linear and fused-MoE layers, vLLM 0.12-0.33) and
 ``vllm.fp8_refit`` (``Fp8LinearMethod``/``Fp8MoEMethod``, per-tensor and block-wise, vLLM 0.24-0.33),
-``vllm.mxfp8_refit`` (``ModelOptMxFp8LinearMethod`` 0.24-0.29, ``ModelOptMxFp8FusedMoE`` 0.24-0.33).
+``vllm.mxfp8_refit`` (``ModelOptMxFp8LinearMethod`` 0.24-0.29, ``ModelOptMxFp8FusedMoE`` 0.24-0.33),
+``vllm.fp8_online_refit`` (online per-tensor FP8, 0.24-0.33) and the other formats of ``_formats``.
 For every recorded layer patchkit stages fresh checkpoint-format parameters (same vLLM class, same
 weight loaders), re-runs upstream's ``process_weights_after_loading`` on them and copies the result
 into the kernel tensors captured at first load, so CUDA graphs keep valid addresses. Unquantized

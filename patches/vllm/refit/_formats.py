@@ -13,8 +13,8 @@ row's hooks, where its layers need them); docs/vllm-refit.md ("Adding a format")
   still installed); one processed before its patch recorded it, or whose patch was reverted since, is
   refused by name, naming the patch.
 - Anything else (compressed-tensors schemes other than NVFP4, which hang off ``layer.scheme``;
-  AWQ/GPTQ; online FP8, a bf16 checkpoint quantised at load, whose classes subclass neither FP8
-  method): refused. Their processing turns checkpoint tensors into kernel tensors patchkit has not
+  AWQ/GPTQ; online FP8 other than per tensor, e.g. per block or per channel): refused. Their
+  processing turns checkpoint tensors into kernel tensors patchkit has not
   recorded, so vLLM's loaders would write raw checkpoint values into them and the model would serve
   garbage.
 
@@ -36,10 +36,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._constants import NVFP4_REFIT_PATCH_ID
-from . import _mxfp4_targets, _mxfp8_targets
+from . import _fp8_online_targets, _mxfp4_targets, _mxfp8_targets
 
 _QUANT = "vllm.model_executor.layers.quantization"
 FP8 = f"{_QUANT}.fp8"
+ONLINE_FP8 = f"{_QUANT}.online.fp8"
 MODELOPT = f"{_QUANT}.modelopt"
 MXFP4 = f"{_QUANT}.mxfp4"
 CT_SCHEMES = f"{_QUANT}.compressed_tensors.schemes"
@@ -89,6 +90,21 @@ FORMATS: tuple[RefitFormat, ...] = (
     RefitFormat(
         "vllm.fp8_refit", "FP8-serialised Fp8LinearMethod/Fp8MoEMethod layers (vllm.fp8_refit)",
         methods=(f"{FP8}:Fp8LinearMethod", f"{FP8}:Fp8MoEMethod"),
+    ),
+    RefitFormat(
+        # a bf16 checkpoint quantised at load: a refit takes bf16 weights and re-runs upstream's quantisation
+        "vllm.fp8_online_refit",
+        "online-FP8 Fp8PerTensorOnlineLinearMethod/Fp8PerTensorOnlineMoEMethod layers, bf16 weights "
+        "(vllm.fp8_online_refit)",
+        methods=(f"{ONLINE_FP8}:Fp8PerTensorOnlineLinearMethod", f"{ONLINE_FP8}:Fp8PerTensorOnlineMoEMethod"),
+        before_reprocessing=_fp8_online_targets.allow_reprocessing,
+    ),
+    RefitFormat(
+        # vLLM 0.24's Fp8Config builds this subclass of Fp8MoEMethod for a bf16 checkpoint's MoE layers
+        "vllm.fp8_online_moe_refit",
+        "online-FP8 Fp8OnlineMoEMethod layers, bf16 weights (vllm.fp8_online_moe_refit)",
+        methods=(f"{FP8}:Fp8OnlineMoEMethod",),
+        before_reprocessing=_fp8_online_targets.allow_reprocessing,
     ),
     RefitFormat(
         # ModelOptMxFp8LinearMethod exists in vLLM 0.16-0.29, ModelOptMxFp8FusedMoE in 0.18-0.33; from

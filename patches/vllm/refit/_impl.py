@@ -216,13 +216,15 @@ def _check_tensor(
 def _check_dtype(
     layer_name: str, name: str, dtype: torch.dtype, target: torch.Tensor, loaded_weight: torch.Tensor
 ) -> None:
-    # A copy_ into uint8/fp8 storage would silently cast floats; scales may arrive in any float.
+    # A copy_ into uint8/fp8 storage would silently cast floats; scales may arrive in any float. An FP8
+    # tensor into a wider float (an online-FP8 layer's bf16 weight) would be cast without its scale.
     # ``dtype`` is the destination's, recorded: reading it off a vLLM parameter costs a
     # __torch_function__ round trip per checkpoint tensor.
     exact = dtype in _EXACT_DTYPES
-    ok = loaded_weight.dtype == dtype if exact else loaded_weight.is_floating_point()
+    ok = (loaded_weight.dtype == dtype if exact
+          else loaded_weight.is_floating_point() and loaded_weight.dtype not in _EXACT_DTYPES)
     if not ok:
-        must = dtype if exact else "a floating type"
+        must = dtype if exact else "a floating type wider than 8 bits"
         raise _mismatch(layer_name, name, target, loaded_weight, f"dtype must be {must}")
 
 

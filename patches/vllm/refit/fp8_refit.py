@@ -21,10 +21,10 @@ in the three):
   and, with static activations, per-expert input scales; processing requantises ``w13`` to one scale
   per expert, takes the largest input scale and converts to the backend's layout.
 
-Online FP8 (a bf16 checkpoint quantised at load: ``Fp8OnlineMoEMethod``, ``Fp8PerTensorOnlineLinearMethod``)
-is not covered: a refit of it would push bf16 weights, and those layers are subclasses that do not
-run these methods, so they are not recorded; a refit refuses them before any write
-(``_formats``: ``UnsupportedQuantizationError``).
+Online FP8 (a bf16 checkpoint quantised at load: ``Fp8PerTensorOnlineLinearMethod``,
+``Fp8PerTensorOnlineMoEMethod``, 0.24's ``Fp8OnlineMoEMethod``) is another format: its refits push bf16
+weights, and those classes do not run these methods; ``vllm.fp8_online_refit`` and
+``vllm.fp8_online_moe_refit`` record them.
 
 No range is declared ``native``: vLLM's layerwise reload (``reload_weights``, vLLM #32133; present
 in 0.29 and 0.33) reloads FP8 layers, but it is not all-or-nothing on bad input
