@@ -7,6 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
+import patchkit
+from patchkit.runtime.status import PatchStatus, Reason
 from patchkit.selfcheck import patches_as_they_were
 
 
@@ -42,3 +44,11 @@ def patches_restored() -> Iterator[None]:
     """
     with patches_as_they_were():
         yield
+
+
+@pytest.fixture
+def applied(request: pytest.FixtureRequest) -> Iterator[PatchStatus]:
+    """The test module's ``PATCH`` applied for the test (installed, or native on this release), reverted after."""
+    with patchkit.applied(request.module.PATCH) as (record,):
+        assert record.state.installed or record.reason is Reason.NATIVE, record.to_dict()
+        yield record

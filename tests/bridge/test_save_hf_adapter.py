@@ -46,13 +46,6 @@ def local_lora(monkeypatch):
 
 
 @pytest.fixture
-def applied():
-    with patchkit.applied(PATCH) as (record,):
-        assert record.state.installed or record.reason is Reason.NATIVE, record.to_dict()
-        yield record
-
-
-@pytest.fixture
 def tiny_lora():
     return tiny_llama_with_lora()
 

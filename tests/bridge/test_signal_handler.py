@@ -28,13 +28,6 @@ PATCH = "bridge.signal_handler_main_thread"
 pytestmark = pytest.mark.usefixtures("patches_restored")
 
 
-@pytest.fixture
-def applied():
-    with patchkit.applied(PATCH) as (record,):
-        assert record.state.installed or record.reason is Reason.NATIVE, record.to_dict()
-        yield record
-
-
 def _native() -> bool:
     with patchkit.applied(PATCH) as (record,):
         return record.reason is Reason.NATIVE

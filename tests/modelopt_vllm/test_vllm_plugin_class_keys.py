@@ -19,25 +19,12 @@ from patchkit.patches.modelopt._checks._vllm_registry import registry_state
 import patchkit
 from patchkit.doctor import FAILED, VERIFIED, run
 from patchkit.runtime.status import Reason
-from patchkit.selfcheck import patches_as_they_were
 
 PATCH = "modelopt.vllm_plugin_class_keys"
+pytestmark = pytest.mark.usefixtures("patches_restored")
 NATIVE = Version(version("nvidia-modelopt")) >= Version("0.46")
 patched_only = pytest.mark.skipif(NATIVE, reason="ModelOpt 0.46+ registers module classes only (native)")
 native_only = pytest.mark.skipif(not NATIVE, reason="ModelOpt 0.44-0.45 register vLLM's FusedMoE function")
-
-
-@pytest.fixture(autouse=True)
-def _no_patch_left_applied():
-    with patches_as_they_were():
-        yield
-
-
-@pytest.fixture
-def applied():
-    with patchkit.applied(PATCH) as (record,):
-        assert record.state.installed or record.reason is Reason.NATIVE, record.to_dict()
-        yield record
 
 
 @contextlib.contextmanager

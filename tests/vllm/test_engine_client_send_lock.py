@@ -17,15 +17,10 @@ from patchkit.patches.vllm._engine_client_send_lock import guard_sends, send_loc
 
 import patchkit
 from patchkit.doctor import FAILED, VERIFIED, run
-from patchkit.selfcheck import patches_as_they_were, upstream_behaviour
+from patchkit.selfcheck import upstream_behaviour
 
 PATCH = "vllm.engine_client_send_lock"
-
-
-@pytest.fixture(autouse=True)
-def _no_patch_left_applied():
-    with patches_as_they_were():
-        yield
+pytestmark = pytest.mark.usefixtures("patches_restored")
 
 
 @pytest.fixture

@@ -19,9 +19,10 @@ from packaging.version import Version
 import patchkit
 from patchkit.doctor import FAILED, VERIFIED, run
 from patchkit.runtime.status import Reason
-from patchkit.selfcheck import patches_as_they_were, upstream_behaviour
+from patchkit.selfcheck import upstream_behaviour
 
 PATCH = "vllm.openai_namespace_tool"
+pytestmark = pytest.mark.usefixtures("patches_restored")
 VLLM = Version(version("vllm"))
 OLD_OPENAI = Version(version("openai")) < Version("2.25")
 IMPORTS_IT = VLLM >= Version("0.25")
@@ -37,19 +38,6 @@ IMPORT_VLLMS_SERVER = (
 def _fresh_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
                           env={**os.environ, "VLLM_TARGET_DEVICE": "cpu", **env})
-
-
-@pytest.fixture(autouse=True)
-def _no_patch_left_applied():
-    with patches_as_they_were():
-        yield
-
-
-@pytest.fixture
-def applied():
-    with patchkit.applied(PATCH) as (record,):
-        assert record.state.installed or record.reason is Reason.NATIVE, record.to_dict()
-        yield record
 
 
 def test_patched_with_an_openai_before_2_25_and_native_otherwise():

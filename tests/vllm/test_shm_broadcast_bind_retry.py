@@ -25,24 +25,12 @@ from patchkit.patches.vllm._checks._lost_port_race import (
 import patchkit
 from patchkit.doctor import FAILED, VERIFIED, run
 from patchkit.runtime.status import Reason
-from patchkit.selfcheck import patches_as_they_were, upstream_behaviour
+from patchkit.selfcheck import upstream_behaviour
 
 PATCH = "vllm.shm_broadcast_bind_retry"
+pytestmark = pytest.mark.usefixtures("patches_restored")
 NATIVE = Version(version("vllm")) >= Version("0.29")
 needs_the_probe = pytest.mark.skipif(NATIVE, reason="vLLM binds port 0 from 0.29: no probe to lose (native)")
-
-
-@pytest.fixture(autouse=True)
-def _no_patch_left_applied():
-    with patches_as_they_were():
-        yield
-
-
-@pytest.fixture
-def applied():
-    with patchkit.applied(PATCH) as (record,):
-        assert record.state.installed or record.reason is Reason.NATIVE, record.to_dict()
-        yield record
 
 
 def _probe_then_bind(monkeypatch):
