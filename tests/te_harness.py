@@ -120,6 +120,21 @@ def te_import_stub() -> Iterator[None]:
 bridge_import_context = te_import_stub
 
 
+def bridge_peft_without_te() -> None:
+    """Tell Megatron-Bridge's PEFT utilities that TransformerEngine is not installed, where it is not.
+
+    Without TE, megatron-core 0.19 gives its ``TE*`` wrapper names mock objects, which Bridge's
+    ``peft.utils`` imports successfully: its ``HAVE_TE`` is then true and LoRA's ``isinstance`` tests
+    against those names raise ``TypeError``. With the flag false, LoRA wraps Megatron's local linears,
+    as it does on a machine where Bridge sees no TE. Nothing changes where a real TE is installed.
+    """
+    if real_transformer_engine_installed():
+        return
+    import megatron.bridge.peft.utils as peft_utils
+
+    peft_utils.HAVE_TE = False
+
+
 def load_modelopt_megatron_plugin() -> bool:
     """Make sure ModelOpt's Megatron plugin is loaded; load it under the stub where only TE was missing.
 
