@@ -8,6 +8,7 @@ purpose (``python tests/export/qwen3_moe_recording.py``).
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 
 import pytest
@@ -30,12 +31,19 @@ def _assert_same_stream(got: list[tuple[str, torch.Tensor]], want: list[tuple[st
         assert torch.equal(_bits(mine), _bits(theirs)), name
 
 
+def _with_producer(quant_config: dict, producer: dict) -> dict:
+    return {**quant_config, "hf_quant_config": {**quant_config["hf_quant_config"], "producer": producer}}
+
+
 def test_the_recorded_qwen3_moe_export_is_what_export_qat_weights_writes_today(megatron_cpu, cpu_backend):
     recorded = torch.load(RECORDING, weights_only=True)
     today = record(*trained_model())
     assert today["format"] == recorded["format"]
     assert today["hf_config"] == recorded["hf_config"]
-    assert today["quant_config"] == recorded["quant_config"]
+    # The producer names the ModelOpt that wrote the file: the recording's, or this environment's.
+    producer = today["quant_config"]["hf_quant_config"]["producer"]
+    assert producer == {"name": "modelopt", "version": importlib.metadata.version("nvidia-modelopt")}
+    assert today["quant_config"] == _with_producer(recorded["quant_config"], producer)
     for layout in LAYOUTS:
         _assert_same_stream(today["streams"][layout], recorded["streams"][layout])
     _assert_same_stream(today["trained"], recorded["trained"])
