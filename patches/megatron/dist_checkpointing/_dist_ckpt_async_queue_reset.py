@@ -34,7 +34,7 @@ def _restart(queue: Any) -> None:
     queue.call_idx = -1
 
 
-def _worker_processes(queue: Any) -> list[Any]:
+def worker_processes(queue: Any) -> list[Any]:
     """The processes that ``queue.close(abort=True)`` kills: each call's own worker, and the
     persistent worker (shared by the class) when this queue uses it."""
     callers = [active.async_caller for active in queue.async_calls]
@@ -42,6 +42,14 @@ def _worker_processes(queue: Any) -> list[Any]:
         callers.append(getattr(type(queue), "_persistent_caller", None))
     processes = (getattr(caller, "process", None) for caller in callers)
     return [process for process in processes if process is not None]
+
+
+def stop_workers(processes: list[Any]) -> None:
+    """Kill each of ``processes`` still alive and wait for it (its last write done once this returns)."""
+    for process in processes:
+        if process.is_alive():
+            process.kill()
+    _wait_until_gone(processes)
 
 
 def _wait_until_gone(processes: list[Any]) -> None:
@@ -59,7 +67,7 @@ def reset(self: Any, abandon: bool = False) -> int:
     then their workers are stopped and they are dropped. Returns the number of saves dropped.
     """
     pending = _check_pending(self, abandon)
-    killed = _worker_processes(self)
+    killed = worker_processes(self)
     if not self.persistent:
         for active in self.async_calls:
             active.async_caller.close(abort=True)
@@ -72,11 +80,9 @@ def reset(self: Any, abandon: bool = False) -> int:
 def reset_v014(self: Any, abandon: bool = False) -> int:
     """:func:`reset` for megatron-core 0.14, whose ``close()`` always finalises (a collective)."""
     pending = _check_pending(self, abandon)
+    stop_workers([process for active in self.async_calls
+                  if (process := getattr(active.async_caller, "process", None)) is not None])
     for active in self.async_calls:
-        process = getattr(active.async_caller, "process", None)
-        if process is not None and process.is_alive():
-            process.kill()
-            process.join(JOIN_TIMEOUT_S)
         if hasattr(active.async_caller, "process"):
             active.async_caller.process = None
     persistent = getattr(self, "persistent_caller", None)

@@ -12,6 +12,7 @@ from typing import Any
 
 from patchkit.selfcheck import CheckContext, expect
 
+from .._dist_ckpt_async_queue_reset import stop_workers
 from ._roundtrip import one_rank_gloo, outcome, without_cuda
 
 
@@ -28,10 +29,6 @@ def _write_marker_late(path: str) -> None:
 #: How long the save left pending takes, so that it is still running when the queue is reset.
 _PENDING_SAVE_S = 1.0
 
-#: How long a killed worker is waited for when the check ends.
-_JOIN_TIMEOUT_S = 60.0
-
-
 def _request(path: str, write: Any = _write_marker) -> Any:
     from megatron.core.dist_checkpointing.strategies.async_utils import AsyncRequest
 
@@ -45,11 +42,8 @@ def _workers_stopped_at_exit(queue: Any) -> Iterator[Any]:
     try:
         yield queue
     finally:
-        for active in queue.async_calls:
-            process = getattr(active.async_caller, "process", None)
-            if process is not None:
-                process.kill()
-                process.join(_JOIN_TIMEOUT_S)
+        stop_workers([process for active in queue.async_calls
+                      if (process := getattr(active.async_caller, "process", None)) is not None])
 
 
 def check_dist_ckpt_async_queue_reset(context: CheckContext) -> None:
