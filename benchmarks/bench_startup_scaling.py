@@ -11,6 +11,10 @@ by process in one run (so machine load hits both alike); the figure is the diffe
 (CPU time of the process, far less disturbed by other work on a shared machine than wall time,
 which is printed beside it). Goal: at most +1 ms for the 100.
 
+It also prints the garbage collector's share of the pass: the objects the added patches allocate can
+tip a collection of the first generation that the interpreter's start-up left due, which the shipped
+side then owes at its next collection after the pass (counted as "whose next collection ... takes it").
+
 ``--code LABEL=PATH`` (repeatable) runs the same measure for each copy of patchkit at ``PATH`` (put
 first on ``PYTHONPATH``; e.g. ``pip install --no-deps --target PATH`` of two revisions), all of them
 alternated in one run; without it, the patchkit this interpreter imports.
@@ -51,11 +55,16 @@ PATCHES = (
 )
 '''
 TIMED = """
-import sys, time
+import gc, sys, time
 sys.path.insert(0, {root!r})
+collecting = []
+def timed_collections(phase, info, clock=time.perf_counter):
+    # The garbage collector's own time inside the timed window (wall; each pass is on this thread).
+    collecting.append((phase, info["generation"], clock()))
 import patchkit
 from patchkit.runtime import process_engine
 packages = {packages!r}
+gc.callbacks.append(timed_collections)
 if hasattr(process_engine, "apply_all_from_index"):  # what the first patchkit.apply_all() of a process runs
     cpu, wall = time.process_time(), time.perf_counter()
     statuses = process_engine.apply_all_from_index(catalogues=packages)
@@ -72,9 +81,16 @@ else:  # code before the start-up pass: its apply_all() built the engine and dec
         errors += failed
     statuses = Engine(patches, errors).apply_all()
     cpu, wall = (time.process_time() - cpu) * 1000, (time.perf_counter() - wall) * 1000
+gc.callbacks.remove(timed_collections)
+ends = [(generation, at) for phase, generation, at in collecting if phase == "stop"]
+starts = [at for phase, _, at in collecting if phase == "start"]
+in_gc = sum(end - start for (_, end), start in zip(ends, starts)) * 1000
+oldest = max((generation for generation, _ in ends), default=-1)
+owed = int(gc.get_count()[1] >= gc.get_threshold()[1])  # its next collection takes the first generation too
 leaked = [m for m in sys.modules if m.startswith({package!r} + ".extra.")]
 assert not leaked, leaked
-print(f"{{cpu:.3f}} {{wall:.3f}} {{len(statuses)}} {{sum(s.state.value == 'pending' for s in statuses)}}")
+print(f"{{cpu:.3f}} {{wall:.3f}} {{len(statuses)}} {{sum(s.state.value == 'pending' for s in statuses)}} "
+      f"{{in_gc:.3f}} {{oldest}} {{owed}}")
 """
 # Cached bytecode, as users have it (some shells export PYTHONDONTWRITEBYTECODE).
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
@@ -101,12 +117,15 @@ def _env(path: str | None) -> dict[str, str]:
     return {**ENV, "PYTHONPATH": os.pathsep.join(filter(None, [path, ENV.get("PYTHONPATH")]))}
 
 
-def run(root: Path, packages: list[str], path: str | None = None) -> tuple[float, float, int, int]:
+def run(root: Path, packages: list[str], path: str | None = None) -> tuple[float, float, int, int, float, int, int]:
+    """One fresh process: CPU and wall ms of the pass, patches, pending ones, ms the garbage collector
+    ran inside the pass, the oldest generation it collected there (-1: none), and 1 if the process's
+    next collection (after the pass) is due to take the first generation as well."""
     code = TIMED.format(root=str(root), packages=packages, package=PACKAGE)
     out = subprocess.run([sys.executable, "-c", code], check=True, env=_env(path), capture_output=True, text=True,
                          cwd=tempfile.gettempdir()).stdout
-    cpu, wall, total, pending = out.split()
-    return float(cpu), float(wall), int(total), int(pending)
+    cpu, wall, total, pending, in_gc, oldest, owed = out.split()
+    return float(cpu), float(wall), int(total), int(pending), float(in_gc), int(oldest), int(owed)
 
 
 def main() -> None:
@@ -153,6 +172,13 @@ def report(prefix: str, alone: list, more: list, args: argparse.Namespace) -> No
             f"{statistics.median(m):.2f} ms (min {min(m):.2f}); "
             f"added {statistics.median(m) - statistics.median(a):+.2f} ms (min to min {min(m) - min(a):+.2f})"
             f"{' (goal: at most +1 ms)' if label == 'cpu' else ''}\n")
+    a, m = [r[4] for r in alone], [r[4] for r in more]
+    sys.stdout.write(
+        f"{prefix}of which the garbage collector (wall, inside the pass): median {statistics.median(a):.2f} vs "
+        f"{statistics.median(m):.2f} ms, added {statistics.median(m) - statistics.median(a):+.2f} ms; processes whose "
+        f"pass collected the first generation: {sum(r[5] >= 1 for r in alone)} vs {sum(r[5] >= 1 for r in more)} "
+        f"of {args.runs}; whose next collection after the pass takes it: {sum(r[6] for r in alone)} vs "
+        f"{sum(r[6] for r in more)}\n")
 
 
 if __name__ == "__main__":
