@@ -5,8 +5,10 @@ Declaration only (see docs/writing-patches.md). ROLL replaces vLLM's ``Qwen3_5Te
 ``PretrainedConfig.__init__`` takes ``tie_word_embeddings`` (default ``True``) and the pad/bos/eos token
 ids as parameters and sets them itself, so a subclass that assigns them before ``super().__init__()``
 loses its own defaults (``tie_word_embeddings=False``) and the checkpoint's values. ROLL's copy assigns
-them after, and passes ``ignore_keys_at_rope_validation`` as a set: transformers 5.2 joins it to a set
-with ``|``, which a list (vLLM 0.17-0.18's) fails.
+them after, passes ``ignore_keys_at_rope_validation`` as a set (transformers 5.2 joins it to a set with
+``|``, which vLLM 0.17-0.18's list fails) and validates ``layer_types`` with transformers'
+``layer_type_validation`` (vLLM 0.24-0.31 call ``self.validate_layer_type()``, which transformers 5.2
+lacks).
 
 Both are upstream on every release patchkit claims. vLLM 0.16.0 has no Qwen3.5 config; 0.17.0, the
 first release with them, already assigns the four attributes after ``super().__init__()``; 0.19 passes a
@@ -16,8 +18,8 @@ classes. Declared
 ``native``; the self-check loads a Qwen3.5 and a Qwen3.5-MoE ``config.json`` through vLLM's
 ``get_config`` and checks the four attributes (defaults and given values) and the mRoPE keys.
 
-Outside the claim: vLLM 0.17-0.18 with transformers 5.x (those releases require transformers < 5), and
-vLLM nightlies before 0.17.0.
+Outside the claim: vLLM 0.17-0.18 with transformers 5.x (they require transformers < 5), vLLM 0.24-0.31
+with transformers < 5.5.3 (they require >= 5.5.3), and vLLM nightlies before 0.17.0.
 """
 
 from __future__ import annotations
