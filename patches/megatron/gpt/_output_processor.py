@@ -19,8 +19,6 @@ from ._processor_mtp import attach_mtp_losses, cache_for_spec_decode, holds_mtp_
 
 KEYWORDS = ("output_processor", "output_processor_context")
 _NONE = object()
-# _postprocess's positional parameters after ``labels``, in upstream's order.
-_ROTARY = ("rotary_pos_emb", "rotary_pos_cos", "rotary_pos_sin")
 
 
 def _unscaled(logits: Any) -> Any:
@@ -30,16 +28,17 @@ def _unscaled(logits: Any) -> Any:
 def _processor_postprocess(model: Any, processor: Callable[..., Any], context: Any) -> Callable[..., Any]:
     """0.18's ``_postprocess`` with a processor: MTP block and MTP loss as 0.18 runs them, then the processor."""
 
-    def _postprocess(hidden_states: Any, input_ids: Any, position_ids: Any, labels: Any, *args: Any,
-                     mtp_in_postprocess: Any = None, loss_mask: Any = None, decoder_input: Any = None,
-                     attention_mask: Any = None, packed_seq_params: Any = None, runtime_gather_output: Any = None,
-                     extra_block_kwargs: Any = None, inference_context: Any = None, is_spec_decode: Any = None,
-                     **block_kwargs: Any) -> Any:
-        block_kwargs.update(zip(_ROTARY, args))  # upstream passes them by keyword; a positional caller too
+    # GPTModel.forward passes everything by keyword; the first eight also work positionally, as upstream's.
+    def _postprocess(hidden_states: Any, input_ids: Any, position_ids: Any, labels: Any, rotary_pos_emb: Any = None,
+                     rotary_pos_cos: Any = None, rotary_pos_sin: Any = None, mtp_in_postprocess: Any = None, *,
+                     loss_mask: Any = None, decoder_input: Any = None, attention_mask: Any = None,
+                     packed_seq_params: Any = None, runtime_gather_output: Any = None, extra_block_kwargs: Any = None,
+                     inference_context: Any = None, is_spec_decode: Any = None, **block_kwargs: Any) -> Any:
         inference = in_inference(model, inference_context, is_spec_decode)
         if mtp_in_postprocess and not inference:
             block_kwargs.update(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
-                                packed_seq_params=packed_seq_params)
+                                packed_seq_params=packed_seq_params, rotary_pos_emb=rotary_pos_emb,
+                                rotary_pos_cos=rotary_pos_cos, rotary_pos_sin=rotary_pos_sin)
             hidden_states = run_mtp_block(model, hidden_states, block_kwargs, extra_block_kwargs)
         if not model.post_process:
             return hidden_states
