@@ -100,18 +100,6 @@ class MTPModelError(PatchkitError, TypeError):
 
 
 
-class OutputProcessorWithMTPError(PatchkitError, NotImplementedError):
-    """An ``output_processor`` with MTP in the same postprocess, on a release before 0.18."""
-
-    def __init__(self) -> None:
-        super().__init__(
-            "GPTModel.forward(output_processor=...) with MTP layers in this stage needs megatron-core 0.18+: "
-            "before 0.18 the MTP loss is computed inside _postprocess from the output layer's logits, with "
-            "no point to hand the hidden states over; run without MTP or upgrade"
-        )
-
-
-
 class RoutingReplayKeywordConflict(PatchkitError, ValueError):
     """``enable_routing_replay`` and ``moe_enable_routing_replay`` were both given, with different values."""
 

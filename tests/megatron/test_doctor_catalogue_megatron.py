@@ -101,6 +101,20 @@ def test_output_processor_check_fails_without_the_hook(monkeypatch):
     assert expected in verdict.message
 
 
+def test_output_processor_check_fails_when_mtp_output_reaches_the_processor(monkeypatch):
+    """0.14-0.17: a processor branch that leaves the MTP chunks on the hidden states fails the MTP step."""
+    from patchkit.patches.megatron.gpt import _output_processor
+
+    with patchkit.applied("megatron.output_processor") as (status,):
+        if status.to_dict()["reason"] == "native":
+            pytest.skip("0.18+: upstream's own branch, nothing of patchkit's to break")
+        monkeypatch.setattr(_output_processor, "holds_mtp_output", lambda model: False)
+        verdict = verdict_of("megatron.output_processor")
+    assert verdict.verdict == FAILED
+    assert "with MTP the processor receives the main chunk [seq, batch, hidden]: expected (16, 2, 64), " \
+           "found (32, 2, 64)" in verdict.message, verdict.message
+
+
 # --- megatron.tp_group_if_none_helper (native) ---
 
 

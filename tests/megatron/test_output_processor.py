@@ -64,6 +64,12 @@ def test_forward_signature_names_both_keywords(hook):
     assert {"output_processor", "output_processor_context"} <= set(inspect.signature(GPTModel.forward).parameters)
 
 
+def test_a_models_bound_forward_names_both_keywords(hook, tiny_gpt):
+    """verl probes the model's own (bound) forward; an MTP model's too."""
+    model = tiny_gpt(mtp_num_layers=1)
+    assert {"output_processor", "output_processor_context"} <= set(inspect.signature(model.forward).parameters)
+
+
 @pytest.mark.parametrize("weights", ["tied", "untied"])
 def test_processor_log_probs_equal_full_logits_and_no_logits_are_made(hook, tiny_gpt, batch, weights):
     model = _models()[weights]
@@ -134,18 +140,3 @@ def test_the_context_reaches_the_processor_and_the_model_is_left_as_it_was(hook,
     assert "_postprocess" not in vars(model)
     logits = model(batch.input_ids, batch.position_ids, batch.attention_mask)
     assert logits.shape[-1] == 128  # upstream's postprocess again
-
-
-def test_mtp_with_a_processor(hook, tiny_gpt, batch, empty_mtp_tracker):
-    """0.18+: the processor gets the main-head hidden states with the MTP loss attached. Before 0.18 the MTP
-    loss lives inside _postprocess: a typed error says so, and the model is left usable."""
-    from patchkit.patches.megatron.gpt._output_processor import OutputProcessorWithMTPError
-
-    model = tiny_gpt(mtp_num_layers=1)
-    if NATIVE:
-        result = _processed(model, batch, LogProbContext())
-        assert result.shape == batch.labels.shape
-        return
-    with pytest.raises(OutputProcessorWithMTPError, match="needs megatron-core 0.18"):
-        _processed(model, batch, LogProbContext())
-    assert "_postprocess" not in vars(model)

@@ -1,8 +1,11 @@
 """0.18's ``output_processor`` hook on ``GPTModel.forward`` for megatron-core 0.14-0.17.
 
 With a processor, this call's ``_postprocess`` is replaced (on the instance, for the call only) by
-0.18's processor branch: the same keywords to the processor, whose result the forward returns.
-Without one, the call is upstream's, unchanged.
+0.18's processor branch: with MTP, the MTP block and 0.18's MTP loss first (``_processor_mtp``),
+then the same keywords to the processor, whose result the forward returns. Without one, the call is
+upstream's, unchanged. The instance attribute also stands in front of a class-level wrap of
+``_postprocess`` (``megatron.mtp_postprocess``), as on 0.18, where that patch hands any call with a
+processor to upstream.
 """
 
 from __future__ import annotations
@@ -12,28 +15,40 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from .._errors import OutputProcessorWithMTPError
+from ._processor_mtp import attach_mtp_losses, cache_for_spec_decode, holds_mtp_output, in_inference, run_mtp_block
 
 KEYWORDS = ("output_processor", "output_processor_context")
 _NONE = object()
 
 
 def _unscaled(logits: Any) -> Any:
-    return logits  # MuP logit scaling (0.18's scale_logits) does not exist before 0.18
+    return logits  # 0.14-0.16 have no MuP logit scaling (GPTModel._scale_logits arrived in 0.17)
 
 
 def _processor_postprocess(model: Any, processor: Callable[..., Any], context: Any) -> Callable[..., Any]:
-    """0.18's ``_postprocess`` processor branch, for a model without MTP in this stage."""
+    """0.18's ``_postprocess`` with a processor: MTP block and MTP loss as 0.18 runs them, then the processor."""
 
-    def _postprocess(hidden_states: Any, input_ids: Any, position_ids: Any, labels: Any, *args: Any,
-                     mtp_in_postprocess: Any = None, loss_mask: Any = None, decoder_input: Any = None,
-                     attention_mask: Any = None, packed_seq_params: Any = None, runtime_gather_output: Any = None,
-                     inference_context: Any = None, **_: Any) -> Any:
-        if mtp_in_postprocess:
-            raise OutputProcessorWithMTPError()
+    # GPTModel.forward passes everything by keyword; the first eight also work positionally, as upstream's.
+    def _postprocess(hidden_states: Any, input_ids: Any, position_ids: Any, labels: Any, rotary_pos_emb: Any = None,
+                     rotary_pos_cos: Any = None, rotary_pos_sin: Any = None, mtp_in_postprocess: Any = None, *,
+                     loss_mask: Any = None, decoder_input: Any = None, attention_mask: Any = None,
+                     packed_seq_params: Any = None, runtime_gather_output: Any = None, extra_block_kwargs: Any = None,
+                     inference_context: Any = None, is_spec_decode: Any = None, **block_kwargs: Any) -> Any:
+        inference = in_inference(model, inference_context, is_spec_decode)
+        if mtp_in_postprocess and not inference:
+            block_kwargs.update(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
+                                packed_seq_params=packed_seq_params, rotary_pos_emb=rotary_pos_emb,
+                                rotary_pos_cos=rotary_pos_cos, rotary_pos_sin=rotary_pos_sin)
+            hidden_states = run_mtp_block(model, hidden_states, block_kwargs, extra_block_kwargs)
         if not model.post_process:
             return hidden_states
         output_weight = model.shared_embedding_or_output_weight() if model.share_embeddings_and_output_weights else None
+        if holds_mtp_output(model):
+            if inference:
+                cache_for_spec_decode(model, hidden_states)
+            else:
+                hidden_states = attach_mtp_losses(model, hidden_states, labels, loss_mask, output_weight,
+                                                  runtime_gather_output, packed_seq_params)
         return processor(
             hidden_states=hidden_states,
             output_layer=model.output_layer,

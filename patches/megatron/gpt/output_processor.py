@@ -4,8 +4,8 @@ Declaration module. megatron-core 0.18 added the hook: with a processor, ``_post
 decoder's hidden states and the output layer (with the shared embedding weight, if tied) to it and
 returns what it returns, so a trainer computes log-probs and entropy chunk by chunk without the
 ``[s, b, vocab]`` logits. The patch gives 0.14-0.17 the same keywords and call, and is native from
-0.18. MTP in the same postprocess is refused on 0.14-0.17 (typed error): their MTP loss is computed
-inside ``_postprocess`` with no point to hand over (verl's pre-0.18 fused path has no MTP either).
+0.18. With MTP the call is 0.18's as well: the MTP block, 0.18's MTP loss attached to the main
+hidden states, then the processor with the main chunk (``_processor_mtp``).
 """
 
 from __future__ import annotations

@@ -8,13 +8,14 @@ import torch
 from patchkit.selfcheck import CheckContext, SelfCheckFailed, expect
 
 from ..._checks._harness import first_line, forward, megatron_on
-from ..._checks._tiny_gpt import BATCH_SIZE, SEQ_LEN, VOCAB_SIZE, make_batch
+from ..._checks._tiny_gpt import BATCH_SIZE, SEQ_LEN, VOCAB_SIZE, Batch, build_tiny_gpt, make_batch
 
 
 def check_output_processor(context: CheckContext) -> None:
     """``forward(output_processor=...)`` on a tiny GPT: the processor gets the hidden states and the
     output weight, the output layer never runs (no full logits), and its chunked log-probs equal those
-    from upstream's full logits."""
+    from upstream's full logits; with an MTP layer, the processor gets the main chunk and its log-probs
+    equal upstream's per-token loss, negated."""
     from ._output_processor_probe import (
         LogProbContext,
         OutputLayerCalls,
@@ -51,3 +52,27 @@ def check_output_processor(context: CheckContext) -> None:
         difference = float((result - expected).abs().max())
         expect(difference <= 1e-5, "chunked log-probs equal those from the full logits (max difference)",
                "<= 1e-5", f"{difference:.3g}")
+        _check_with_mtp(context.device, batch)
+
+
+def _check_with_mtp(device: str, batch: Batch) -> None:
+    """0.18's processor branch with an MTP layer in the stage (eval mode: nothing logged to the MTP tracker)."""
+    from ._output_processor_probe import LogProbContext, chunked_label_log_probs
+
+    model = build_tiny_gpt(mtp_num_layers=1).to(device).eval()
+    expected = -forward(model, batch)  # upstream runs the MTP block and returns the per-token LM loss
+    seen = LogProbContext(chunk=4)
+    try:
+        result = model(batch.input_ids, batch.position_ids, batch.attention_mask, labels=batch.labels,
+                       loss_mask=batch.loss_mask,
+                       output_processor=chunked_label_log_probs, output_processor_context=seen)
+    except Exception as exc:
+        raise SelfCheckFailed("forward(output_processor=...) runs on a model with MTP layers",
+                              "the processor's result", first_line(exc)) from exc
+    hidden = seen.received.get("hidden_states")
+    shape = None if hidden is None else tuple(hidden.shape)
+    expect(shape == (SEQ_LEN, BATCH_SIZE, 64), "with MTP the processor receives the main chunk [seq, batch, hidden]",
+           (SEQ_LEN, BATCH_SIZE, 64), shape)
+    difference = float((result - expected).abs().max())
+    expect(difference <= 1e-5, "with MTP, log-probs equal upstream's per-token loss negated (max difference)",
+           "<= 1e-5", f"{difference:.3g}")
