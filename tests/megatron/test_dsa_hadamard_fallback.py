@@ -203,6 +203,59 @@ def test_apply_all_at_start_up_fills_the_binding_when_dsa_is_imported_later():
     assert found == {"state": "applied", "row": [first] + [0.0] * 7}, json.dumps(found)
 
 
+class DuplicatedLinear(torch.nn.Linear):
+    """What the DSA spec builds the indexer's projections with, TransformerEngine's
+    ``TELinear(parallel_mode="duplicated")``, on one rank without TE: a linear returning ``(out, None)``."""
+
+    def __init__(self, in_features, out_features, *, config, init_method, bias, skip_bias_add,
+                 skip_weight_param_allocation, parallel_mode):
+        assert parallel_mode == "duplicated" and not skip_weight_param_allocation
+        super().__init__(in_features, out_features, bias=bias, dtype=config.params_dtype)
+
+    def forward(self, x):
+        return super().forward(x), None
+
+
+def tiny_dsa_indexer():
+    """Upstream's ``DSAIndexer`` (2 heads of 64, top-4) on a tiny MLA config, bf16 on CPU."""
+    from megatron.core.models.backends import LocalSpecProvider
+    from megatron.core.transformer.experimental_attention_variant.dsa import DSAIndexer, DSAIndexerSubmodules
+    from megatron.core.transformer.spec_utils import ModuleSpec, build_module
+    from megatron.core.transformer.transformer_config import MLATransformerConfig
+
+    config = MLATransformerConfig(
+        num_layers=1, hidden_size=64, num_attention_heads=4, q_lora_rank=32, kv_lora_rank=32, qk_head_dim=16,
+        qk_pos_emb_head_dim=16, v_head_dim=16, rope_type="rope", dsa_indexer_n_heads=2, dsa_indexer_head_dim=64,
+        dsa_indexer_topk=4, params_dtype=torch.bfloat16, bf16=True, use_cpu_initialization=True)
+    submodules = DSAIndexerSubmodules(linear_wq_b=DuplicatedLinear, linear_wk=DuplicatedLinear,
+                                      k_norm=LocalSpecProvider().layer_norm(rms_norm=False, for_qk=True),
+                                      linear_weights_proj=DuplicatedLinear)
+    torch.manual_seed(5)
+    return build_module(ModuleSpec(module=DSAIndexer, submodules=submodules), config=config)
+
+
+@needs_dsa
+@needs_package_absent
+def test_dsa_indexer_forward_fails_upstream_and_scores_as_with_the_exact_rotation_patched(megatron_cpu, monkeypatch):
+    """The indexer's whole forward: upstream stops at the assert; patched, its index scores equal those
+    the indexer computes when the module's binding is the float64 matrix product itself. (Scores are
+    dot products, which any orthogonal rotation keeps: the matrix itself is pinned by the
+    ``rotate_activation`` tests above; this one proves the path runs and the normalisation.)"""
+    dsa = importlib.import_module(DSA)
+    indexer = tiny_dsa_indexer()
+    generator = torch.Generator().manual_seed(6)
+    x = torch.randn(6, 2, 64, generator=generator).to(torch.bfloat16)
+    qr = torch.randn(6, 2, 32, generator=generator).to(torch.bfloat16)
+    with pytest.raises(AssertionError, match="fast_hadamard_transform is not installed"):
+        indexer(x, qr)
+    with patchkit.applied(PATCH):
+        scores, topk = indexer.forward_with_scores(x, qr)
+    monkeypatch.setattr(dsa, "hadamard_transform", expected_transform)
+    exact_scores, _ = indexer.forward_with_scores(x, qr)
+    assert topk.shape == (2, 6, 4)
+    torch.testing.assert_close(scores, exact_scores)  # bf16's tolerance: the rotations differ by rounding at most
+
+
 @pytest.mark.skipif(HAS_DSA, reason="megatron-core 0.16+ has DSA")
 def test_patch_is_not_applicable_before_megatron_core_has_dsa():
     with patchkit.applied(PATCH) as (status,):
