@@ -13,6 +13,7 @@ import enum
 MEGATRON_CORE = {"megatron-core": "megatron.core"}
 
 # Modules the declarations patch.
+DSA = "megatron.core.transformer.experimental_attention_variant.dsa"
 GPT_MODEL = "megatron.core.models.gpt.gpt_model"
 MTP = "megatron.core.transformer.multi_token_prediction"
 ROUTER = "megatron.core.transformer.moe.router"

@@ -142,3 +142,17 @@ class AsyncCallsPendingError(DistCheckpointingError):
             "(maybe_finalize_async_calls(blocking=True) on every rank), or reset(abandon=True) to drop them "
             "(their checkpoints are then incomplete)"
         )
+
+
+
+class HadamardInputError(PatchkitError, ValueError):
+    """A tensor the Hadamard transform does not take: the CUDA kernel it stands in for rejects it too."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: Any, reason: str) -> None:
+        self.shape = shape
+        self.dtype = dtype
+        super().__init__(
+            f"hadamard_transform got a tensor of shape {list(shape)} and dtype {dtype}: {reason}. "
+            "fast_hadamard_transform, whose signature and limits the fallback keeps, takes float32, "
+            "float16 or bfloat16 with a last dimension of 1 to 32768"
+        )
