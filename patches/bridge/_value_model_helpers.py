@@ -52,7 +52,7 @@ class LinearForLastLayer(torch.nn.Linear):
         if sequence_parallel:
             # Megatron all-reduces the gradients of parameters marked so over the tensor-parallel group:
             # each rank saw only its slice of the sequence.
-            setattr(self.weight, "sequence_parallel", True)
+            self.weight.sequence_parallel = True
 
     def forward(
         self,
@@ -97,7 +97,7 @@ def create_value_head_hook(hidden_size: int, sequence_parallel: bool, output_siz
                 "Model list length and pipeline post-process list length must match. "
                 f"Got {len(chunks)} model chunks and {len(last_stage)} post-process flags."
             )
-        for chunk, is_last in zip(chunks, last_stage):
+        for chunk, is_last in zip(chunks, last_stage, strict=True):
             if is_last:
                 chunk.output_layer = LinearForLastLayer(
                     input_size=hidden_size, output_size=output_size, sequence_parallel=sequence_parallel

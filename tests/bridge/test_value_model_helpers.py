@@ -12,12 +12,13 @@ modelopt-0.48-bridge-0.6.
 
 from __future__ import annotations
 
-import copy
+import ast
 import importlib.metadata
 import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
+from typing import Callable
 
 import pytest
 import torch
@@ -48,17 +49,46 @@ with bridge_import_context():
 
     try:
         from megatron.bridge.training.utils import train_utils
-    except ImportError as missing:  # a training stack (datasets, tensorboard, megatron.training ...) not installed
-        pytest.skip(f"Bridge's train_utils does not import here: {missing}", allow_module_level=True)
+    except ImportError as not_importable:  # its training stack (datasets, megatron.training ...) not installed
+        train_utils, WHY_NOT_IMPORTED = None, f"Bridge's train_utils does not import here: {not_importable}"
 
 pytestmark = pytest.mark.usefixtures("patches_restored")
+needs_train_utils = pytest.mark.skipif(train_utils is None, reason=globals().get("WHY_NOT_IMPORTED", ""))
 
 
-@pytest.fixture(params=["train_utils", "backport"] if NATIVE else ["train_utils"])
+def bridges_own_helpers() -> ModuleType:
+    """Bridge 0.5+'s helpers, executed from the installed ``train_utils.py``: its classes and functions
+    named below, its ``ModelList`` and ``ModelHook``, run with the module's own imports for them, where
+    the whole module does not import (0.5+ also needs ``megatron.training`` and Energon)."""
+    import megatron.bridge
+    from megatron.core import tensor_parallel
+    from megatron.core.transformer.module import MegatronModule
+
+    source = Path(megatron.bridge.__file__).parent / "training" / "utils" / "train_utils.py"
+    wanted = {"LinearForLastLayer", "create_value_head_hook", "make_value_model", "freeze_moe_router",
+              "_ensure_model_list", "_freeze_parameter_if_present", "_register_linear_for_last_layer_mapping",
+              "ModelList", "ModelHook"}
+    tree = ast.parse(source.read_text(encoding="utf-8"))
+    tree.body = [node for node in tree.body if getattr(node, "name", None) in wanted
+                 or isinstance(node, ast.Assign) and {t.id for t in node.targets if isinstance(t, ast.Name)} & wanted]
+    module = ModuleType("bridges_train_utils")
+    module.__dict__.update(torch=torch, nn=torch.nn, tensor_parallel=tensor_parallel, MegatronModule=MegatronModule,
+                           Callable=Callable)
+    exec(compile(tree, str(source), "exec"), module.__dict__)
+    assert {name for name in wanted if hasattr(module, name)} == wanted
+    return module
+
+
+@pytest.fixture(params=["train_utils", "backport", "bridges_own"] if NATIVE else ["train_utils"])
 def helpers(request: pytest.FixtureRequest, applied: object) -> ModuleType:
     """Where the helpers are called from: ``train_utils`` with the patch applied (Bridge's own on 0.5+);
-    on 0.5+ also the backport module, so that it meets every assertion Bridge's own functions meet."""
-    return train_utils if request.param == "train_utils" else backport
+    on 0.5+ also the backport module and Bridge's own code from its source, so that the backport meets
+    every assertion Bridge's own functions meet."""
+    if request.param == "train_utils":
+        if train_utils is None:
+            pytest.skip(WHY_NOT_IMPORTED)
+        return train_utils
+    return backport if request.param == "backport" else bridges_own_helpers()
 
 
 @pytest.fixture
@@ -92,6 +122,7 @@ def _chunks(count: int) -> list[torch.nn.Module]:
 # --- upstream pinned -----------------------------------------------------------------------------------
 
 
+@needs_train_utils
 def test_train_utils_has_the_helpers_from_bridge_0_5_only():
     """Without the patch, 0.2-0.4 lack every name and the registry entry; 0.5+ has them all."""
     assert missing_helpers() == ([] if NATIVE else list(HELPER_NAMES))
@@ -115,6 +146,7 @@ print(status.state.value, status.reason and status.reason.value)
 """
 
 
+@needs_train_utils
 @pytest.mark.slow
 @pytest.mark.parametrize("disabled", [False, True], ids=["patchkit", "patch-disabled"])
 def test_verls_import_from_train_utils_succeeds_with_the_patch(disabled: bool, monkeypatch: pytest.MonkeyPatch):
@@ -149,6 +181,23 @@ def test_hook_gives_a_one_stage_model_a_float32_value_per_token(helpers, moe_on_
     assert values.shape == (BATCH_SIZE, SEQ_LEN, 1) and values.dtype == torch.float32
     values.sum().backward()
     assert head.weight.grad is not None and head.weight.grad.abs().sum() > 0
+
+
+def test_value_hook_and_router_freeze_compose_as_bridge_provider_hooks(helpers, moe_on_cpu):
+    """As verl registers them (``provider.register_pre_wrap_hook``, value head first): Bridge's composed
+    hook hands each hook what the previous one returned, so the value hook must return the chunks for
+    ``freeze_moe_router`` to see the model (a hook returning ``None`` leaves the routers trainable)."""
+    from megatron.bridge.models.model_provider import ModelProviderMixin
+
+    stubs = {name: lambda self, *args, **kwargs: None for name in ModelProviderMixin.__abstractmethods__}
+    provider = type("Provider", (ModelProviderMixin,), stubs)()
+    provider.register_pre_wrap_hook(helpers.make_value_model(HIDDEN_SIZE, False))
+    provider.register_pre_wrap_hook(helpers.freeze_moe_router)
+    model = build_tiny_moe_gpt()
+    assert provider.pre_wrap_hook([model]) == [model]
+    assert isinstance(model.output_layer, helpers.LinearForLastLayer)
+    frozen = sorted(name for name, parameter in model.named_parameters() if not parameter.requires_grad)
+    assert frozen == ["decoder.layers.0.mlp.router.weight", "decoder.layers.1.mlp.router.weight"]
 
 
 def test_hook_takes_one_module_or_a_list_and_returns_the_list(helpers, megatron_cpu):
@@ -258,24 +307,26 @@ def test_automapping_exports_the_value_head_whole(helpers, moe_on_cpu):
 
 @pytest.mark.skipif(not NATIVE, reason="Bridge's own helpers exist from 0.5")
 def test_backport_builds_the_same_value_model_as_bridges_own_helpers(megatron_cpu):
+    bridges = bridges_own_helpers() if train_utils is None else train_utils
     with cpu_moe():
-        bridges = build_tiny_moe_gpt()
-        ours = copy.deepcopy(bridges)
+        theirs, ours = build_tiny_moe_gpt(seed=0), build_tiny_moe_gpt(seed=0)
+        assert torch.equal(values_of(ours), values_of(theirs))  # the same model before the heads
         torch.manual_seed(1)
-        train_utils.make_value_model(HIDDEN_SIZE, False)(bridges)
+        bridges.make_value_model(HIDDEN_SIZE, False)(theirs)
         torch.manual_seed(1)
         backport.make_value_model(HIDDEN_SIZE, False)(ours)
-        assert torch.equal(ours.output_layer.weight, bridges.output_layer.weight)
-        assert torch.equal(values_of(ours), values_of(bridges))
-    train_utils.freeze_moe_router(bridges)
+        assert torch.equal(ours.output_layer.weight, theirs.output_layer.weight)
+        assert torch.equal(values_of(ours), values_of(theirs))
+    bridges.freeze_moe_router(theirs)
     backport.freeze_moe_router(ours)
     assert ([name for name, p in ours.named_parameters() if not p.requires_grad]
-            == [name for name, p in bridges.named_parameters() if not p.requires_grad])
+            == [name for name, p in theirs.named_parameters() if not p.requires_grad])
 
 
 # --- the patch itself --------------------------------------------------------------------------------------
 
 
+@needs_train_utils
 @pytest.mark.skipif(NATIVE, reason="nothing is installed where Bridge has the helpers")
 def test_revert_takes_the_names_and_the_registry_entry_away():
     with patchkit.applied(PATCH) as (record,):
@@ -286,11 +337,13 @@ def test_revert_takes_the_names_and_the_registry_entry_away():
     assert "LinearForLastLayer" not in AutoMapping._MODULE_TYPE_REGISTRY["replicated"]
 
 
+@needs_train_utils
 def test_value_model_helpers_check_is_verified(applied):
     verdict = verdict_of(PATCH)
     assert verdict.verdict == VERIFIED, verdict.message
 
 
+@needs_train_utils
 @pytest.mark.breaks("bridge.value_model_helpers")
 def test_value_model_helpers_check_fails_without_the_helpers(applied, monkeypatch):
     def without_the_helpers() -> None:
