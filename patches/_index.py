@@ -8,7 +8,7 @@ FORMAT = 2
 
 FOLDERS = {
     '': ('bridge', 'entry_points.py', 'megatron', 'modelopt', 'vllm'),
-    'bridge': ('qat', 'save_hf_adapter.py', 'signal_handler_main_thread.py'),
+    'bridge': ('qat', 'save_hf_adapter.py', 'signal_handler_main_thread.py', 'value_model_helpers.py'),
     'bridge.qat': ('expert_local_to_global.py', 'expert_sort_key.py', 'modelopt_layer_spec.py', 'quant_linear_parallelism.py', 'skip_quantizer_params.py'),
     'megatron': ('dist_checkpointing', 'distributed', 'dsa', 'gpt', 'memory', 'moe', 'mtp', 'optimizer', 'parallel', 'rope', 'router_replay'),
     'megatron.dist_checkpointing': ('dist_ckpt_async_queue_reset.py', 'dist_ckpt_blocking_d2h.py', 'dist_ckpt_partial_load.py', 'dist_ckpt_safe_load.py'),
@@ -37,6 +37,7 @@ DECLARATIONS = {
     'bridge.qat.skip_quantizer_params': (('bridge.skip_quantizer_params', False, (('megatron-bridge', 'megatron.bridge'),), ('megatron.bridge.models.conversion.model_bridge',), ('megatron-bridge',)),),
     'bridge.save_hf_adapter': (('bridge.save_hf_adapter', False, (('megatron-bridge', 'megatron.bridge'),), ('megatron.bridge.models.conversion.auto_bridge', 'megatron.bridge'), ('megatron-bridge',)),),
     'bridge.signal_handler_main_thread': (('bridge.signal_handler_main_thread', False, (('megatron-bridge', 'megatron.bridge'),), ('megatron.bridge.training.utils.sig_utils', 'megatron.bridge'), ('megatron-bridge',)),),
+    'bridge.value_model_helpers': (('bridge.value_model_helpers', False, (('megatron-bridge', 'megatron.bridge'),), ('megatron.bridge.training.utils.train_utils', 'megatron.bridge'), ('megatron-bridge',)),),
     'megatron.dist_checkpointing.dist_ckpt_async_queue_reset': (('megatron.dist_ckpt_async_queue_reset', False, (('megatron-core', 'megatron.core'),), ('megatron.core.dist_checkpointing.strategies.async_utils',), ('megatron-core',)),),
     'megatron.dist_checkpointing.dist_ckpt_blocking_d2h': (('megatron.dist_ckpt_blocking_d2h', True, (('megatron-core', 'megatron.core'),), ('megatron.core.dist_checkpointing.strategies.filesystem_async',), ('megatron-core',)),),
     'megatron.dist_checkpointing.dist_ckpt_partial_load': (('megatron.dist_ckpt_partial_load', True, (('megatron-core', 'megatron.core'),), ('megatron.core.dist_checkpointing.strategies.torch',), ('megatron-core',)),),
