@@ -1,11 +1,12 @@
 """One rank of a 2-process gloo job with tensor parallelism 2, for the ``export_shapes`` tests.
 
 Both ranks run Bridge's own ``export_hf_weights`` (the real TP gathers: the upstream truth), then each
-rank in turn runs ``export_shapes`` **alone** while its peer waits at a barrier: a collective on the
-TP group would block on the idle peer (and fail at the group's bounded timeout), so finishing is itself
-proof that none ran. Every call of a collective is also counted, at the ``torch.distributed`` attribute
-Bridge calls and at ``distributed_c10d``'s own function, with the size of its group; and the devices of
-every tensor Bridge's mappings return during the run are recorded.
+rank in turn runs ``export_shapes`` **alone** while its peer waits at a barrier, so nothing the run does
+can depend on the peer. Every call of a collective is counted, at the ``torch.distributed`` attribute
+Bridge calls and at ``distributed_c10d``'s own function, with the size of its group (the same counter
+sees Bridge's own export gather over the TP group: the control); and the devices of every tensor
+Bridge's mappings return during the run are recorded. (A c10d gather of meta tensors never reaches gloo:
+torch runs its meta kernel. The count is what shows that Bridge's gathers are not even called.)
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ import functools
 from pathlib import Path
 from typing import Any
 
-#: A rank that waits on a collective its peer never joins fails this soon (the bad case), well within
-#: the job's deadline.
+#: A rank whose peer died fails this soon in its next collective, well within the job's deadline.
 IDLE_PEER_TIMEOUT = datetime.timedelta(seconds=90)
 COLLECTIVES = ("all_gather", "all_gather_into_tensor", "broadcast", "scatter", "all_reduce", "reduce_scatter_tensor",
                "all_gather_object", "broadcast_object_list", "barrier")
