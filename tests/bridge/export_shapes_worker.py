@@ -65,9 +65,8 @@ def run(rank: int, world_size: int, folder: str, init_method: str) -> dict[str, 
     from _multiprocess import init_rank
     from export_shapes_model import as_rows, build, conversion_tasks, upstream_export
     from megatron.core import parallel_state
-    from patchkit.patches.megatron._checks._cpu_stand_in import cpu_megatron
-
     from patchkit.patches.bridge.export import export_shapes
+    from patchkit.patches.megatron._checks._cpu_stand_in import cpu_megatron
 
     init_rank(rank, world_size, init_method, timeout=IDLE_PEER_TIMEOUT)
     try:

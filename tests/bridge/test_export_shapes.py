@@ -16,8 +16,7 @@ import pytest
 import torch
 import torch.distributed
 from export_shapes_model import as_rows, build, conversion_tasks, save_checkpoint, upstream_export
-from patchkit.patches.bridge.export import ExportedShape, export_shapes
-from patchkit.patches.bridge.export import _shape_only
+from patchkit.patches.bridge.export import ExportedShape, _shape_only, export_shapes
 
 #: The functions a shape-only block wraps while it is open; torch's own must be back after every run.
 WRAPPED = {(torch.distributed, name) for name in _shape_only.COLLECTIVES + _shape_only.OBJECT_COLLECTIVES
