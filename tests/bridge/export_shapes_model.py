@@ -29,7 +29,7 @@ def save_checkpoint(folder: Path) -> Path:
     return folder
 
 
-def build(folder: Path, tensor_parallel: int = 1) -> tuple[Any, list[Any]]:
+def build(folder: Path, tensor_parallel: int = 1, pipeline_parallel: int = 1) -> tuple[Any, list[Any]]:
     """``(bridge, model chunks)`` from the checkpoint; call with Megatron's parallel state initialised."""
     from megatron.bridge import AutoBridge
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -39,7 +39,8 @@ def build(folder: Path, tensor_parallel: int = 1) -> tuple[Any, list[Any]]:
     provider = bridge.to_megatron_provider(load_weights=False)
     provider.transformer_layer_spec = get_gpt_layer_local_spec()
     for name, value in dict(use_cpu_initialization=True, params_dtype=torch.bfloat16, bf16=True,
-                            tensor_model_parallel_size=tensor_parallel, apply_rope_fusion=False,
+                            tensor_model_parallel_size=tensor_parallel,
+                            pipeline_model_parallel_size=pipeline_parallel, apply_rope_fusion=False,
                             bias_activation_fusion=False, masked_softmax_fusion=False,
                             gradient_accumulation_fusion=False, persist_layer_norm=False,
                             bias_dropout_fusion=False).items():

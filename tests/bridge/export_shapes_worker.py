@@ -20,6 +20,7 @@ from typing import Any
 IDLE_PEER_TIMEOUT = datetime.timedelta(seconds=90)
 COLLECTIVES = ("all_gather", "all_gather_into_tensor", "broadcast", "scatter", "all_reduce", "reduce_scatter_tensor",
                "all_gather_object", "broadcast_object_list", "barrier")
+OBJECT_COLLECTIVES = ("all_gather_object", "broadcast_object_list")
 
 
 def _count_collectives(calls: list[tuple[str, int]]) -> list[tuple[Any, str, Any]]:
@@ -28,6 +29,8 @@ def _count_collectives(calls: list[tuple[str, int]]) -> list[tuple[Any, str, Any
     from torch.distributed import distributed_c10d
 
     saved = []
+    inside: list[str] = []  # the object collective running: the tensor collectives it makes are its own
+
     for module in (torch.distributed, distributed_c10d):
         for name in COLLECTIVES:
             original = getattr(module, name, None)
@@ -35,9 +38,16 @@ def _count_collectives(calls: list[tuple[str, int]]) -> list[tuple[Any, str, Any
                 continue
 
             def counted(*args: Any, __name: str = name, __original: Any = original, **kwargs: Any) -> Any:
-                group = kwargs.get("group")
-                calls.append((__name, torch.distributed.get_world_size(group)))
-                return __original(*args, **kwargs)
+                if not inside:
+                    calls.append((__name, torch.distributed.get_world_size(kwargs.get("group"))))
+                is_object = __name in OBJECT_COLLECTIVES
+                if is_object:
+                    inside.append(__name)
+                try:
+                    return __original(*args, **kwargs)
+                finally:
+                    if is_object:
+                        inside.pop()
 
             saved.append((module, name, original))
             setattr(module, name, functools.wraps(original)(counted))
@@ -57,7 +67,9 @@ def _spy_on_mappings(tasks: list[Any], devices: set[str]) -> None:
         mapping.megatron_to_hf = megatron_to_hf
 
 
-def run(rank: int, world_size: int, folder: str, init_method: str) -> dict[str, Any]:
+def run(rank: int, world_size: int, folder: str, init_method: str, parallelism: str = "tensor") -> dict[str, Any]:
+    """This rank's results; ``parallelism``: ``"tensor"`` (TP=world, each rank alone) or ``"pipeline"``
+    (PP=world: the stages run ``export_shapes`` together, exchanging Bridge's shape records)."""
     from ep_worker import load_upstreams
 
     load_upstreams()
@@ -73,9 +85,11 @@ def run(rank: int, world_size: int, folder: str, init_method: str) -> dict[str, 
         with cpu_megatron():
             from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
-            parallel_state.initialize_model_parallel(tensor_model_parallel_size=world_size)
+            pipeline = parallelism == "pipeline"
+            tp, pp = (1, world_size) if pipeline else (world_size, 1)
+            parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
             model_parallel_cuda_manual_seed(1234)
-            bridge, model = build(Path(folder), tensor_parallel=world_size)
+            bridge, model = build(Path(folder), tensor_parallel=tp, pipeline_parallel=pp)
             result: dict[str, Any] = {"local_shapes": {n: tuple(p.shape) for n, p in model[0].named_parameters()}}
             calls: list[tuple[str, int]] = []
             saved = _count_collectives(calls)  # the counter sees Bridge's own gathers (the control)
@@ -91,8 +105,10 @@ def run(rank: int, world_size: int, folder: str, init_method: str) -> dict[str, 
             _spy_on_mappings(tasks, devices)
             for alone in range(world_size):
                 torch.distributed.barrier()
-                if rank != alone:
+                if rank != alone and not pipeline:
                     continue
+                if pipeline and alone > 0:
+                    break
                 calls: list[tuple[str, int]] = []
                 saved = _count_collectives(calls)
                 try:
@@ -103,7 +119,8 @@ def run(rank: int, world_size: int, folder: str, init_method: str) -> dict[str, 
                 result["calls"] = calls
             torch.distributed.barrier()
             result["devices"] = sorted(devices)
-            result["tasks_still_real"] = all(t.param_weight.device.type == "cpu" for t in tasks if t is not None)
+            result["tasks_still_real"] = all(t.param_weight.device.type == "cpu" for t in tasks
+                                             if t is not None and t.param_weight is not None)
             result["left_wrapped"] = [name for name, fn in originals.items()
                                   if (torch.empty if name == "empty" else getattr(torch.distributed, name)) is not fn]
             parallel_state.destroy_model_parallel()

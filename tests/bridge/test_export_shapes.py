@@ -171,3 +171,24 @@ def test_tensor_parallel_ranks_each_report_full_shapes_alone(checkpoint, tmp_pat
         assert result["devices"] == ["meta"], rank
         assert result["tasks_still_real"] and result["left_wrapped"] == [], rank
     assert results[0]["upstream"] == results[1]["upstream"]
+
+
+def test_pipeline_stages_get_every_tensor_exchanging_only_shape_records(checkpoint, tmp_path):
+    """Two gloo ranks, PP=2: the stages run ``export_shapes`` together; each yields the other's tensors too."""
+    import export_shapes_worker
+    from _multiprocess import rendezvous, spawn_ranks
+
+    results = spawn_ranks(export_shapes_worker.run, 2,
+                          (2, str(checkpoint), rendezvous(tmp_path / "rendezvous"), "pipeline"), timeout=600)
+    object_collectives = set(_shape_only.OBJECT_COLLECTIVES)
+    for rank, result in enumerate(results):
+        owned = result["local_shapes"]
+        assert sum(".layers." in name for name in owned) < sum(".layers." in n for n, _, _ in result["upstream"]), rank
+        assert len(result["upstream"]) == EXPORTED
+        assert result["shapes"] == result["upstream"], rank
+        assert ("broadcast", 2) in result["upstream_calls"], rank  # Bridge's own export sends tensors across
+        tensor_calls = [c for c in result["calls"] if c[1] > 1 and c[0] not in object_collectives]
+        assert tensor_calls == [], rank
+        assert ("all_gather_object", 2) in result["calls"], rank
+        assert result["devices"] == ["meta"], rank
+        assert result["tasks_still_real"] and result["left_wrapped"] == [], rank
