@@ -40,14 +40,17 @@ def build(folder: Path, tensor_parallel: int = 1, pipeline_parallel: int = 1) ->
     provider.transformer_layer_spec = get_gpt_layer_local_spec()
     for name, value in dict(use_cpu_initialization=True, params_dtype=torch.bfloat16, bf16=True,
                             tensor_model_parallel_size=tensor_parallel,
-                            pipeline_model_parallel_size=pipeline_parallel, apply_rope_fusion=False,
+                            pipeline_model_parallel_size=pipeline_parallel, pipeline_dtype=torch.bfloat16,
+                            apply_rope_fusion=False,
                             bias_activation_fusion=False, masked_softmax_fusion=False,
                             gradient_accumulation_fusion=False, persist_layer_norm=False,
                             bias_dropout_fusion=False).items():
         setattr(provider, name, value)
     if hasattr(provider, "finalize"):
         provider.finalize()
-    provider._pg_collection = ProcessGroupCollection.use_mpu_process_groups()
+    if "_pg_collection" in getattr(provider, "__dataclass_fields__", {}):  # 0.3+; on 0.2 the attribute would
+        # ride along in the model config, which Bridge 0.2 pickles to the other pipeline stages
+        provider._pg_collection = ProcessGroupCollection.use_mpu_process_groups()
     torch.manual_seed(1)
     return bridge, [provider.provide()]
 
