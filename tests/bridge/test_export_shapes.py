@@ -2,9 +2,11 @@
 
 The upstream truth is Bridge's own ``AutoBridge.export_hf_weights`` on the same tiny Llama (a Hugging Face
 checkpoint read back by ``from_hf_pretrained``, built by Bridge's provider on CPU): names, shapes, dtypes
-and order must be equal, on one rank and with tensor parallelism 2 (two gloo ranks), where the shapes are
+and order must be equal, on one rank; with tensor parallelism 2 (two gloo ranks), where the shapes are
 the full unsharded ones although each rank holds half of the sharded weights, with no collective on a
-group of more than one rank, and with every tensor Bridge's mappings produce on the meta device.
+group of more than one rank; and with pipeline parallelism 2, where each stage also yields the other's
+tensors, exchanging only Bridge's shape records. Every tensor Bridge's mappings produce is on the meta
+device.
 Environments: modelopt-0.43-bridge-0.2, modelopt-0.47-bridge-0.3, modelopt-0.48-bridge-0.6.
 """
 
