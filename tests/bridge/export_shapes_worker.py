@@ -1,8 +1,8 @@
 """One rank of a 2-process gloo job with tensor or pipeline parallelism 2, for the ``export_shapes`` tests.
 
 With tensor parallelism, both ranks run Bridge's own ``export_hf_weights`` (the real TP gathers: the
-upstream truth), then each rank in turn runs ``export_shapes`` **alone** while its peer waits at a barrier, so nothing the run does
-can depend on the peer. Every call of a collective is counted, at the ``torch.distributed`` attribute
+upstream truth), then each rank in turn runs ``export_shapes`` **alone** while its peer waits at a
+barrier, so nothing the run does can depend on the peer. Every call of a collective is counted, at the ``torch.distributed`` attribute
 Bridge calls and at ``distributed_c10d``'s own function, with the size of its group (the same counter
 sees Bridge's own export gather over the TP group: the control); and the devices of every tensor
 Bridge's mappings return during the run are recorded. (A c10d gather of meta tensors never reaches gloo:
