@@ -2,13 +2,13 @@
 
 With tensor parallelism, both ranks run Bridge's own ``export_hf_weights`` (the real TP gathers: the
 upstream truth), then each rank in turn runs ``export_shapes`` **alone** while its peer waits at a
-barrier, so nothing the run does can depend on the peer. Every call of a collective is counted, at the ``torch.distributed`` attribute
-Bridge calls and at ``distributed_c10d``'s own function, with the size of its group (the same counter
-sees Bridge's own export gather over the TP group: the control); and the devices of every tensor
-Bridge's mappings return during the run are recorded. (A c10d gather of meta tensors never reaches gloo:
-torch runs its meta kernel. The count is what shows that Bridge's gathers are not even called.)
-With pipeline parallelism the stages run ``export_shapes`` together: each learns the shapes of the
-other's tensors through Bridge's ``all_gather_object`` records, and no tensor crosses.
+barrier, so nothing the run does can depend on the peer. Every call of a collective is counted, at the
+``torch.distributed`` attribute Bridge calls and at ``distributed_c10d``'s own function, with the size
+of its group (the same counter sees Bridge's own export gather over the TP group: the control); and the
+devices of every tensor Bridge's mappings return during the run are recorded. (A c10d gather of meta
+tensors never reaches gloo: torch runs its meta kernel. The count is what shows that Bridge's gathers
+are not even called.) With pipeline parallelism the stages run ``export_shapes`` together: each learns
+the shapes of the other's tensors through Bridge's ``all_gather_object`` records, and no tensor crosses.
 """
 
 from __future__ import annotations
