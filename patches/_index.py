@@ -8,7 +8,8 @@ FORMAT = 2
 
 FOLDERS = {
     '': ('bridge', 'entry_points.py', 'megatron', 'modelopt', 'vllm'),
-    'bridge': ('qat', 'save_hf_adapter.py', 'signal_handler_main_thread.py', 'value_model_helpers.py'),
+    'bridge': ('export', 'qat', 'save_hf_adapter.py', 'signal_handler_main_thread.py', 'value_model_helpers.py'),
+    'bridge.export': (),
     'bridge.qat': ('expert_local_to_global.py', 'expert_sort_key.py', 'modelopt_layer_spec.py', 'quant_linear_parallelism.py', 'skip_quantizer_params.py'),
     'megatron': ('dist_checkpointing', 'distributed', 'dsa', 'gpt', 'memory', 'moe', 'mtp', 'optimizer', 'parallel', 'rope', 'router_replay'),
     'megatron.dist_checkpointing': ('dist_ckpt_async_queue_reset.py', 'dist_ckpt_blocking_d2h.py', 'dist_ckpt_partial_load.py', 'dist_ckpt_safe_load.py'),
