@@ -149,7 +149,7 @@ def _build_mask(vocab_size: int, banned_token_ids: Iterable[int] | None) -> Logi
     return LogitsMask(size, tuple(sorted(banned)))
 
 
-def _token_id(value: object, what: str) -> int:
+def _token_id(value: Any, what: str) -> int:
     if isinstance(value, bool) or (isinstance(value, torch.Tensor) and value.is_floating_point()):
         raise LogitsMaskError(f"{what} must be an int, got {value!r}")
     try:
