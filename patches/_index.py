@@ -25,7 +25,8 @@ FOLDERS = {
     'megatron.router_replay': ('moe_alltoall_replay_token_count.py', 'router_replay.py', 'router_replay_validation.py', 'routing_replay_keyword.py'),
     'modelopt': ('max_calibrator_nan_safe.py', 'qat', 'vllm_plugin_class_keys.py'),
     'modelopt.qat': ('nvfp4_cpu_fake_quant.py',),
-    'vllm': ('engine_client_send_lock.py', 'lora', 'moe_expert_weight_loaders.py', 'nvfp4_marlin_w4a16.py', 'openai_namespace_tool.py', 'qwen3_5_text_config_defaults.py', 'refit', 'serve_signals_main_thread.py', 'shm_broadcast_bind_retry.py'),
+    'vllm': ('engine_client_send_lock.py', 'logits', 'lora', 'moe_expert_weight_loaders.py', 'nvfp4_marlin_w4a16.py', 'openai_namespace_tool.py', 'qwen3_5_text_config_defaults.py', 'refit', 'serve_signals_main_thread.py', 'shm_broadcast_bind_retry.py'),
+    'vllm.logits': (),
     'vllm.lora': ('lora_from_tensors.py',),
     'vllm.refit': ('compressed_tensors_nvfp4_moe_refit.py', 'compressed_tensors_nvfp4_refit.py', 'fp8_online_moe_refit.py', 'fp8_online_pow2_scales.py', 'fp8_online_refit.py', 'fp8_refit.py', 'mxfp4_moe_refit.py', 'mxfp8_refit.py', 'nvfp4_refit.py'),
 }

@@ -96,3 +96,12 @@ class LoRAFromTensorsUnavailableError(PatchkitError, RuntimeError):
     """``vllm.lora_from_tensors`` is not installed in this process (not applied, switched off, or this
     vLLM is outside its ranges): vLLM itself reads adapters only from folders. Raised before anything
     is built."""
+
+
+class LogitsMaskError(PatchkitError, ValueError):
+    """A logits mask was refused: a vocabulary size or banned token id the model's logits cannot take,
+    a model without ``compute_logits``, or a second, different mask on a model already masked.
+
+    Raised by ``mask_logits`` before the model is changed, or by the masked ``compute_logits`` when
+    the logits it computes are narrower than the mask (a model whose width could not be read ahead).
+    """

@@ -36,6 +36,9 @@ Harness redirects (test-only, nothing else of vLLM is replaced):
   torch (per-tensor, scale = amax / 448, then the static op's ``x / scale``), which 0.24's online FP8
   methods call as the loader completes a layer (0.29+ compute amax / 448 in torch and call the static op).
   Both sides of every comparison, patchkit's refit and vLLM's own first load, go through it.
+- ``cpu_activation_op`` only (whole models, logits tests): where vLLM's CPU wheel lacks the compiled
+  ``_C`` op ``silu_and_mul`` (0.29: ``SiluAndMul`` looks it up as a Llama MLP is built), it is
+  registered in torch as the SwiGLU vLLM's ``forward_native`` computes, and removed on exit.
 """
 
 from __future__ import annotations
@@ -98,6 +101,27 @@ def vllm_cpu_config(model_dir: Path) -> Iterator[object]:
 
 def _convert_weight_packed(weight: torch.Tensor) -> torch.Tensor:
     return weight.clone()
+
+
+def _silu_and_mul(result: torch.Tensor, input: torch.Tensor) -> None:
+    half = input.shape[-1] // 2
+    result.copy_(torch.nn.functional.silu(input[..., :half]) * input[..., half:])
+
+
+@contextlib.contextmanager
+def cpu_activation_op() -> Iterator[None]:
+    """``torch.ops._C.silu_and_mul`` where the CPU wheel has none (module docstring)."""
+    if hasattr(torch.ops._C, "silu_and_mul"):
+        yield
+        return
+    library = torch.library.Library("_C", "FRAGMENT")
+    library.define("silu_and_mul(Tensor! result, Tensor input) -> ()")
+    library.impl("silu_and_mul", _silu_and_mul, "CompositeExplicitAutograd")
+    try:
+        yield
+    finally:
+        library._destroy()
+        torch.ops._C.__dict__.pop("silu_and_mul", None)  # torch.ops caches resolved overload packets
 
 
 @contextlib.contextmanager
