@@ -99,13 +99,29 @@ def llama_target(vllm_config: Any) -> Any:
     return build(LlamaForCausalLM, vllm_config)
 
 
+@contextlib.contextmanager
+def _no_pinned_buffers(module: Any) -> Iterator[None]:
+    """``module.PIN_MEMORY`` (vLLM 0.29+: read once at import) False while the proposer's buffers are made:
+    without CUDA there is no pinned-memory allocator, and the buffers' memory plays no part here."""
+    if not hasattr(module, "PIN_MEMORY") or torch.cuda.is_available():
+        yield
+        return
+    saved = module.PIN_MEMORY
+    module.PIN_MEMORY = False
+    try:
+        yield
+    finally:
+        module.PIN_MEMORY = saved
+
+
 def v1_proposer_shares(vllm_config: Any, draft: Any, target: Any) -> bool:
     """Whether vLLM's V1 ``EagleProposer`` (built for ``vllm_config`` on CPU, no runner) gives ``draft`` the
     ``target``'s ``lm_head``: its own ``_maybe_share_lm_head``, as ``load_model`` calls it after loading."""
     from vllm.config import set_current_vllm_config
+    from vllm.v1.spec_decode import llm_base_proposer
     from vllm.v1.spec_decode.eagle import EagleProposer
 
-    with set_current_vllm_config(vllm_config):
+    with set_current_vllm_config(vllm_config), _no_pinned_buffers(llm_base_proposer):
         proposer = EagleProposer(vllm_config, torch.device("cpu"), None)
         proposer.model = draft
         proposer._maybe_share_lm_head(target)
