@@ -47,7 +47,7 @@ def test_upstream_gives_a_truncated_draft_the_target_s_full_vocabulary_head(conf
     assert draft.lm_head.weight.shape[0] == VOCAB
 
 
-@pytest.mark.breaks(PATCH)
+@pytest.mark.breaks("vllm.eagle3_own_lm_head")
 def test_a_truncated_draft_keeps_its_own_head(configs, target):
     with installed(PATCH):
         draft = _eagle3_draft.eagle3_draft(configs[DRAFT_VOCAB])
@@ -85,7 +85,7 @@ def test_eagle3_own_lm_head_check_is_verified(vllm_config):
     assert verdict.verdict == VERIFIED, verdict.message
 
 
-@pytest.mark.breaks(PATCH)
+@pytest.mark.breaks("vllm.eagle3_own_lm_head")
 def test_eagle3_own_lm_head_check_fails_with_upstream_s_constructor(vllm_config):
     with installed(PATCH), upstream_behaviour(PATCH):
         (verdict,) = run([PATCH], device="cpu")[0]
