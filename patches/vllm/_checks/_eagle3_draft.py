@@ -101,7 +101,7 @@ def llama_target(vllm_config: Any) -> Any:
 
 @contextlib.contextmanager
 def _no_pinned_buffers(module: Any) -> Iterator[None]:
-    """``module.PIN_MEMORY`` (vLLM 0.29+: read once at import) False while the proposer's buffers are made:
+    """``module.PIN_MEMORY`` (read once as vLLM is imported) False while the proposer's buffers are made:
     without CUDA there is no pinned-memory allocator, and the buffers' memory plays no part here."""
     if not hasattr(module, "PIN_MEMORY") or torch.cuda.is_available():
         yield
