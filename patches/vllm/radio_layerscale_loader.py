@@ -15,7 +15,7 @@ is set to the config's ``initializer_factor`` (a checkpoint with LayerScale fold
 carries none), and those names are returned among the loaded ones.
 
 Ranges, from the wheels: ``RadioModel.load_weights`` is the same code, with the same skip, in 0.24.0,
-0.25.1, 0.27.0, 0.29.0, 0.31.0 and 0.33.0. Tests ran on 0.29.0 and 0.33.0.
+0.25.1, 0.27.0, 0.29.0, 0.31.0 and 0.33.0. Tests ran on 0.25.1 (NeMo-RL's pin), 0.29.0 and 0.33.0.
 
 Outside the claim: vLLM releases before 0.24 and nightlies; a weight sync that sends a LayerScale
 entry under another name is not recognised (upstream's mapping of every other entry is kept).
