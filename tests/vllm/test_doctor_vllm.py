@@ -97,7 +97,8 @@ def test_the_command_verifies_every_vllm_patch_in_a_fresh_process_without_the_te
     expected = dict.fromkeys((MARLIN, PATCH, CT_NVFP4, CT_NVFP4_MOE, "vllm.serve_signals_main_thread",
                               "vllm.mxfp4_moe_refit", "vllm.lora_from_tensors", "vllm.mxfp8_refit",
                               "vllm.shm_broadcast_bind_retry", "vllm.engine_client_send_lock",
-                              "vllm.openai_namespace_tool", "vllm.qwen3_5_text_config_defaults"), VERIFIED)
+                              "vllm.openai_namespace_tool", "vllm.qwen3_5_text_config_defaults",
+                              "vllm.radio_layerscale_loader"), VERIFIED)
     # vLLM 0.24's PyPI wheel without CUDA resolves no platform at import; its NVFP4 MoE oracle then
     # finds no backend and the MoE check says it cannot run here (in-process, with the harness, it runs).
     moe = verdicts.pop("vllm.moe_expert_weight_loaders")[0]
