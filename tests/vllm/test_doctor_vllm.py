@@ -98,7 +98,7 @@ def test_the_command_verifies_every_vllm_patch_in_a_fresh_process_without_the_te
                               "vllm.mxfp4_moe_refit", "vllm.lora_from_tensors", "vllm.mxfp8_refit",
                               "vllm.shm_broadcast_bind_retry", "vllm.engine_client_send_lock",
                               "vllm.openai_namespace_tool", "vllm.qwen3_5_text_config_defaults",
-                              "vllm.radio_layerscale_loader"), VERIFIED)
+                              "vllm.radio_layerscale_loader", "vllm.eagle3_own_lm_head"), VERIFIED)
     # vLLM 0.24's PyPI wheel without CUDA resolves no platform at import; its NVFP4 MoE oracle then
     # finds no backend and the MoE check says it cannot run here (in-process, with the harness, it runs).
     moe = verdicts.pop("vllm.moe_expert_weight_loaders")[0]
