@@ -21,6 +21,8 @@ from patchkit.doctor import FAILED, VERIFIED, run
 from patchkit.selfcheck import upstream_behaviour
 
 PATCH = "vllm.eagle3_own_lm_head"
+# The doctor applies what applies in its process: what it installs is reverted after each test.
+pytestmark = pytest.mark.usefixtures("patches_restored")
 DRAFT_VOCAB = 64
 VOCAB = _eagle3_draft.TARGET_CONFIG["vocab_size"]
 
