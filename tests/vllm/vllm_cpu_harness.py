@@ -103,25 +103,6 @@ def _convert_weight_packed(weight: torch.Tensor) -> torch.Tensor:
     return weight.clone()
 
 
-def _silu_and_mul(result: torch.Tensor, input: torch.Tensor) -> None:
-    half = input.shape[-1] // 2
-    result.copy_(torch.nn.functional.silu(input[..., :half]) * input[..., half:])
-
-
-@contextlib.contextmanager
-def cpu_activation_op() -> Iterator[None]:
-    """``torch.ops._C.silu_and_mul`` where the CPU wheel has none (module docstring)."""
-    if hasattr(torch.ops._C, "silu_and_mul"):
-        yield
-        return
-    library = torch.library.Library("_C", "FRAGMENT")
-    library.define("silu_and_mul(Tensor! result, Tensor input) -> ()")
-    library.impl("silu_and_mul", _silu_and_mul, "CompositeExplicitAutograd")
-    try:
-        yield
-    finally:
-        library._destroy()
-        torch.ops._C.__dict__.pop("silu_and_mul", None)  # torch.ops caches resolved overload packets
 
 
 @contextlib.contextmanager
@@ -183,6 +164,7 @@ def cpu_dynamic_fp8_quant() -> Iterator[None]:
 
 # The NVFP4 emulation and Marlin-layout redirects are shipped (the vLLM self-checks use them): one copy.
 from patchkit.patches.vllm._checks._cpu_stand_in import (  # noqa: E402,F401
+    cpu_activation_op,
     cpu_fp8_quant,
     cpu_marlin_layout,
     cpu_nvfp4_kernels,

@@ -16,6 +16,9 @@ Redirects, each reverted on exit, nothing else of vLLM replaced:
   per-tensor weight with the static op (``requantize_with_max_scale``), and online FP8 quantises bf16
   weights with one or the other (0.29+: static at amax / 448; 0.24: dynamic); removed on exit.
 - :func:`cpu_platform`: vLLM's CPU platform where none was resolved (vLLM 0.24's PyPI wheel).
+- :func:`cpu_activation_op` only (whole models built on CPU): ``torch.ops._C.silu_and_mul`` registered,
+  written in torch, where vLLM's CPU wheel lacks it (vLLM 0.29's ``SiluAndMul`` looks it up as an MLP is
+  built); removed on exit.
 - :func:`cpu_marlin_layout` only (W4A16 checks): ``MarlinNvFp4LinearKernel.is_supported`` answers True
   and the CUDA op ``gptq_marlin_repack`` is replaced by a reshape to the shape Marlin returns, so
   W4A16 (Marlin) layers are built and processed on CPU by vLLM's own code; the repacked weight is a
@@ -229,3 +232,30 @@ def cpu_marlin_layout() -> Iterator[None]:
     finally:
         ops.gptq_marlin_repack = saved_repack
         MarlinNvFp4LinearKernel.is_supported = saved_supported
+
+
+def _silu_and_mul(result: Any, input: Any) -> None:
+    import torch
+
+    half = input.shape[-1] // 2
+    result.copy_(torch.nn.functional.silu(input[..., :half]) * input[..., half:])
+
+
+@contextlib.contextmanager
+def cpu_activation_op() -> Iterator[None]:
+    """``torch.ops._C.silu_and_mul`` (the SwiGLU of vLLM's ``forward_native``) where vLLM's CPU wheel has none:
+    vLLM 0.29's ``SiluAndMul`` looks it up as a model's MLP is built. Registered only when missing, and
+    removed on exit."""
+    import torch
+
+    if hasattr(torch.ops._C, "silu_and_mul"):
+        yield
+        return
+    library = torch.library.Library("_C", "FRAGMENT")
+    library.define("silu_and_mul(Tensor! result, Tensor input) -> ()")
+    library.impl("silu_and_mul", _silu_and_mul, "CompositeExplicitAutograd")
+    try:
+        yield
+    finally:
+        library._destroy()
+        torch.ops._C.__dict__.pop("silu_and_mul", None)  # torch.ops caches resolved overload packets

@@ -18,34 +18,14 @@ from typing import Any
 
 import torch
 
+from ._cpu_stand_in import cpu_activation_op
+
 TARGET_CONFIG = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
     "intermediate_size": 256, "num_attention_heads": 2, "num_key_value_heads": 2,
     "num_hidden_layers": 1, "vocab_size": 256, "max_position_embeddings": 256,
     "rms_norm_eps": 1e-5, "torch_dtype": "float32",
 }
-
-
-def _silu_and_mul(result: torch.Tensor, input: torch.Tensor) -> None:
-    half = input.shape[-1] // 2
-    result.copy_(torch.nn.functional.silu(input[..., :half]) * input[..., half:])
-
-
-@contextlib.contextmanager
-def cpu_activation_op() -> Iterator[None]:
-    """``torch.ops._C.silu_and_mul`` (the SwiGLU of vLLM's ``forward_native``) where vLLM's CPU wheel has none:
-    vLLM 0.29's ``SiluAndMul`` looks it up as the draft's MLP is built. No MLP runs here."""
-    if hasattr(torch.ops._C, "silu_and_mul"):
-        yield
-        return
-    library = torch.library.Library("_C", "FRAGMENT")
-    library.define("silu_and_mul(Tensor! result, Tensor input) -> ()")
-    library.impl("silu_and_mul", _silu_and_mul, "CompositeExplicitAutograd")
-    try:
-        yield
-    finally:
-        library._destroy()
-        torch.ops._C.__dict__.pop("silu_and_mul", None)  # torch.ops caches resolved overload packets
 
 
 def target_model_config(directory: Path) -> Any:
