@@ -184,9 +184,9 @@ def matrix(session: nox.Session) -> None:
 
 
 def _generate_documents(session: nox.Session, check: bool) -> None:
-    """The README's catalogue table, the supported-versions table and the compatibility grid."""
+    """The catalogue table and its summary in the README, the supported-versions table and the compatibility grid."""
     flag = ["--check"] if check else []
-    for document in ("README.md", "docs/compat-matrix.md"):
+    for document in ("README.md", "docs/catalogue.md", "docs/compat-matrix.md"):
         session.run("patchkit", "matrix", "table", "--readme", document, *flag)
     session.run("patchkit", "matrix", "grid", "--markdown", "docs/compatibility.md",
                 "--html", "docs/compatibility.html", *flag)
