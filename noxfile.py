@@ -61,7 +61,7 @@ DEMO_PYTHON = "3.12"
 DEMO_INSTALL = [
     ["torch==2.11.0", "megatron-core==0.19.2", "nvidia-modelopt==0.47.0", "requests", "huggingface_hub",
      "transformers>=5.8,<=5.12.1", "einops", "omegaconf", "pyyaml", "tqdm", "rich", "regex", "six", "numpy<2.5",
-     "torch_memory_saver==0.0.10"],
+     "torch_memory_saver==0.0.10", "datasets", "tensorboard"],
     ["--no-deps", "megatron-bridge==0.6.2"],
 ]
 #: The opt-in patches the main job demonstrates, switched on for `status` as a user would switch them on.
