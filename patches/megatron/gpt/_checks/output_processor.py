@@ -57,9 +57,8 @@ def check_output_processor(context: CheckContext) -> None:
 
 def _check_with_mtp(device: str, batch: Batch) -> None:
     """0.18's processor branch with an MTP layer in the stage (eval mode: nothing logged to the MTP tracker)."""
-    from ._output_processor_probe import LogProbContext, chunked_label_log_probs
-
     from ...mtp import disable as leave_mtp_to_upstream
+    from ._output_processor_probe import LogProbContext, chunked_label_log_probs
 
     model = build_tiny_gpt(mtp_num_layers=1).to(device).eval()
     # Upstream runs the MTP block and returns the per-token LM loss; megatron.mtp_postprocess, if on,
