@@ -44,10 +44,12 @@ Harness redirects (test-only, nothing else of vLLM is replaced):
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -170,3 +172,80 @@ from patchkit.patches.vllm._checks._cpu_stand_in import (  # noqa: E402,F401
     cpu_nvfp4_kernels,
     single_process_group,
 )
+
+
+
+def _deep_gemm_modules() -> list[Any]:
+    """The modules that bound vLLM's DeepGEMM decisions by name (``from vllm.utils.deep_gemm import ...``)."""
+    names = (
+        "vllm.utils.deep_gemm",
+        "vllm.model_executor.layers.quantization.utils.fp8_utils",
+        "vllm.model_executor.kernels.linear.scaled_mm.deep_gemm",
+        "vllm.model_executor.layers.fused_moe.experts.deep_gemm_moe",
+        "vllm.model_executor.layers.fused_moe.experts.triton_deep_gemm_moe",
+    )
+    return [importlib.import_module(name) for name in names]
+
+
+def _scales_as_given(sf: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+    """DeepGEMM's layout, stood in: the float32 block scales as vLLM hands them over."""
+    return sf
+
+
+def _packed_ue8m0_scales(sf: torch.Tensor, mn: int, k: int, recipe: tuple[int, int, int],
+                         num_groups: int | None = None, is_sfa: bool = False, **kwargs: object) -> torch.Tensor:
+    """DeepGEMM's layout, stood in with the shape and dtype it has on Blackwell: one scale per row (the
+    block's, repeated), its UE8M0 exponent byte, four bytes along K packed into an int32, MN-major. Not
+    DeepGEMM's bytes: a layout that differs from the checkpoint's in shape and dtype."""
+    gran_mn = recipe[0] if is_sfa else recipe[1]
+    rows = sf.float().repeat_interleave(gran_mn, dim=-2)[..., :mn, :].contiguous()
+    exponents = (rows.view(torch.int32) >> 23).to(torch.uint8)
+    exponents = torch.nn.functional.pad(exponents, (0, (-exponents.shape[-1]) % 4)).contiguous()
+    packed = exponents.view(torch.int32)
+    return packed.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+
+@contextlib.contextmanager
+def cpu_deep_gemm_e8m0(packed: bool = False) -> Iterator[None]:
+    """vLLM's DeepGEMM UE8M0 processing of block-FP8 layers, on CPU (use inside ``cpu_fp8_ops``).
+
+    - vLLM's decision functions ``is_deep_gemm_supported`` and ``is_deep_gemm_e8m0_used`` answer True, where
+      the modules that decide bound them (on a Hopper or Blackwell GPU with DeepGEMM both do, with
+      ``VLLM_USE_DEEP_GEMM_E8M0`` at its default, on);
+    - ``DeepGemmFp8BlockScaledMMKernel`` is the block-FP8 linear kernel listed for the CPU platform (upstream
+      lists it for CUDA) and reports itself supported; the fused-MoE oracle picks its DEEPGEMM backend where
+      ``VLLM_USE_DEEP_GEMM=1`` is set (the test sets it, as NeMo-RL does);
+    - DeepGEMM's compiled ``transform_sf_into_required_layout`` (CUDA only) is stood in: the scales as
+      given, or (``packed``) a Blackwell-shaped packed layout (:func:`_packed_ue8m0_scales`).
+
+    vLLM's UE8M0 requantisation (``requant_weight_ue8m0_inplace``: dequantise each 128 x 128 block, requantise
+    it at a power-of-two scale), its E8M0 upcast and everything else of the processing run unchanged. Both
+    sides of every comparison, patchkit's refit and vLLM's own first load, go through the same stand-ins;
+    all are removed on exit."""
+    from vllm.model_executor.kernels import linear
+    from vllm.model_executor.kernels.linear.scaled_mm.deep_gemm import DeepGemmFp8BlockScaledMMKernel
+    from vllm.platforms import current_platform
+
+    saved: list[tuple[Any, str, Any]] = []
+
+    def put(owner: Any, name: str, value: Any) -> None:
+        saved.append((owner, name, owner.__dict__[name]))
+        setattr(owner, name, value)
+
+    for module in _deep_gemm_modules():
+        for name in ("is_deep_gemm_supported", "is_deep_gemm_e8m0_used"):
+            if name in module.__dict__:
+                put(module, name, lambda: True)
+    put(importlib.import_module("vllm.model_executor.layers.quantization.utils.fp8_utils"),
+        "transform_sf_into_required_layout", _packed_ue8m0_scales if packed else _scales_as_given)
+    put(DeepGemmFp8BlockScaledMMKernel, "is_supported", classmethod(lambda cls, compute_capability=None: (True, None)))
+    kernels = linear._POSSIBLE_FP8_BLOCK_KERNELS
+    platform = current_platform._enum
+    previous = kernels[platform]
+    kernels[platform] = [DeepGemmFp8BlockScaledMMKernel]
+    try:
+        yield
+    finally:
+        kernels[platform] = previous
+        for owner, name, value in reversed(saved):
+            setattr(owner, name, value)
