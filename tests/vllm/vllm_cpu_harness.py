@@ -36,6 +36,11 @@ Harness redirects (test-only, nothing else of vLLM is replaced):
   torch (per-tensor, scale = amax / 448, then the static op's ``x / scale``), which 0.24's online FP8
   methods call as the loader completes a layer (0.29+ compute amax / 448 in torch and call the static op).
   Both sides of every comparison, patchkit's refit and vLLM's own first load, go through it.
+- ``cpu_deep_gemm_e8m0`` only (E8M0 FP8 refit tests): vLLM's DeepGEMM decision functions
+  (``is_deep_gemm_supported``, ``is_deep_gemm_e8m0_used``) answer True, ``DeepGemmFp8BlockScaledMMKernel`` is
+  listed for the CPU platform, and DeepGEMM's compiled scale-layout transform is stood in (the scales as
+  given, or a Blackwell-shaped packed int32 layout), so vLLM's UE8M0 requantisation of block-FP8 linear and
+  MoE layers runs on CPU. No DeepGEMM GEMM runs: those tests read kernel tensors.
 - ``cpu_activation_op`` only (whole models, logits tests): where vLLM's CPU wheel lacks the compiled
   ``_C`` op ``silu_and_mul`` (0.29: ``SiluAndMul`` looks it up as a Llama MLP is built), it is
   registered in torch as the SwiGLU vLLM's ``forward_native`` computes, and removed on exit.
@@ -216,7 +221,9 @@ def cpu_deep_gemm_e8m0(packed: bool = False) -> Iterator[None]:
       lists it for CUDA) and reports itself supported; the fused-MoE oracle picks its DEEPGEMM backend where
       ``VLLM_USE_DEEP_GEMM=1`` is set (the test sets it, as NeMo-RL does);
     - DeepGEMM's compiled ``transform_sf_into_required_layout`` (CUDA only) is stood in: the scales as
-      given, or (``packed``) a Blackwell-shaped packed layout (:func:`_packed_ue8m0_scales`).
+      given, or (``packed``) a Blackwell-shaped packed layout (:func:`_packed_ue8m0_scales`); and
+      ``get_mk_alignment_for_contiguous_layout`` answers DeepGEMM's 128 (vLLM 0.29's MoE experts ask it as
+      they are built; 0.33 finds its vendored DeepGEMM's answer on CPU).
 
     vLLM's UE8M0 requantisation (``requant_weight_ue8m0_inplace``: dequantise each 128 x 128 block, requantise
     it at a power-of-two scale), its E8M0 upcast and everything else of the processing run unchanged. Both
@@ -236,6 +243,8 @@ def cpu_deep_gemm_e8m0(packed: bool = False) -> Iterator[None]:
         for name in ("is_deep_gemm_supported", "is_deep_gemm_e8m0_used"):
             if name in module.__dict__:
                 put(module, name, lambda: True)
+        if "get_mk_alignment_for_contiguous_layout" in module.__dict__:
+            put(module, "get_mk_alignment_for_contiguous_layout", lambda: [128, 128])
     put(importlib.import_module("vllm.model_executor.layers.quantization.utils.fp8_utils"),
         "transform_sf_into_required_layout", _packed_ue8m0_scales if packed else _scales_as_given)
     put(DeepGemmFp8BlockScaledMMKernel, "is_supported", classmethod(lambda cls, compute_capability=None: (True, None)))
