@@ -168,18 +168,6 @@ def cpu_dynamic_fp8_quant() -> Iterator[None]:
     with cpu_fp8_quant():
         yield
 
-
-# The NVFP4 emulation and Marlin-layout redirects are shipped (the vLLM self-checks use them): one copy.
-from patchkit.patches.vllm._checks._cpu_stand_in import (  # noqa: E402,F401
-    cpu_activation_op,
-    cpu_fp8_quant,
-    cpu_marlin_layout,
-    cpu_nvfp4_kernels,
-    single_process_group,
-)
-
-
-
 def _deep_gemm_modules() -> list[Any]:
     """The modules that bound vLLM's DeepGEMM decisions by name (``from vllm.utils.deep_gemm import ...``)."""
     names = (
@@ -258,3 +246,13 @@ def cpu_deep_gemm_e8m0(packed: bool = False) -> Iterator[None]:
         kernels[platform] = previous
         for owner, name, value in reversed(saved):
             setattr(owner, name, value)
+
+
+# The NVFP4 emulation and Marlin-layout redirects are shipped (the vLLM self-checks use them): one copy.
+from patchkit.patches.vllm._checks._cpu_stand_in import (  # noqa: E402,F401
+    cpu_activation_op,
+    cpu_fp8_quant,
+    cpu_marlin_layout,
+    cpu_nvfp4_kernels,
+    single_process_group,
+)
