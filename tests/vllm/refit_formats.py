@@ -40,6 +40,33 @@ def _fp8(kind: str, block: bool) -> FormatCase:
     )
 
 
+def _fp8_e8m0(kind: str, e8m0_checkpoint: bool) -> FormatCase:
+    """Block FP8 with E8M0 scales: from the checkpoint (``is_scale_e8m0``) or from vLLM's DeepGEMM UE8M0
+    processing of float32 ones (the harness forces vLLM's DeepGEMM decisions on CPU)."""
+    from fp8_helpers import (
+        Fp8Linears,
+        Fp8Moe,
+        bf16_model,
+        deep_gemm_ue8m0,
+        linear_checkpoint,
+        moe_checkpoint,
+        with_e8m0_scales,
+    )
+
+    moe = kind == "moe"
+
+    def model() -> torch.nn.Module:
+        with bf16_model():
+            return Fp8Moe(True) if moe else Fp8Linears(True, e8m0_scales=e8m0_checkpoint)
+
+    def checkpoint(seed: int) -> dict[str, torch.Tensor]:
+        tensors = moe_checkpoint(True, seed) if moe else linear_checkpoint(True, seed)
+        return with_e8m0_scales(tensors) if e8m0_checkpoint else tensors
+
+    return FormatCase(lambda: ("vllm.fp8_refit",), ("cpu_fp8_ops",),
+                      None if e8m0_checkpoint else deep_gemm_ue8m0, model, checkpoint, moe)
+
+
 def _fp8_online(kind: str) -> FormatCase:
     from patchkit.patches.vllm.refit._checks._fp8_online import (
         OnlineFp8Linears,
@@ -130,6 +157,9 @@ FORMATS: dict[str, Callable[[], FormatCase]] = {
     "fp8-linear-block": lambda: _fp8("linear", True),
     "fp8-moe": lambda: _fp8("moe", False),
     "fp8-moe-block": lambda: _fp8("moe", True),
+    "fp8-linear-block-e8m0-checkpoint": lambda: _fp8_e8m0("linear", e8m0_checkpoint=True),
+    "fp8-linear-block-ue8m0-deepgemm": lambda: _fp8_e8m0("linear", e8m0_checkpoint=False),
+    "fp8-moe-block-ue8m0-deepgemm": lambda: _fp8_e8m0("moe", e8m0_checkpoint=False),
     "fp8-online-linear": lambda: _fp8_online("linear"),
     "fp8-online-moe": lambda: _fp8_online("moe"),
     "ct-nvfp4-linear": lambda: _ct("linear"),

@@ -56,6 +56,8 @@ def _poisoned(tensor: torch.Tensor, name: str) -> torch.Tensor | None:
         flat.view(torch.uint8)[0] = 0x7F  # E4M3FN NaN
     elif tensor.dtype == torch.uint8 and "scale" in name:
         flat[0] = 0xFF  # E8M0 NaN
+    elif tensor.dtype == torch.float8_e8m0fnu:
+        flat.view(torch.uint8)[0] = 0xFF  # E8M0 NaN
     elif tensor.is_floating_point():
         flat[0] = float("inf")
     else:

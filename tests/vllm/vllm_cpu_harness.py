@@ -36,6 +36,11 @@ Harness redirects (test-only, nothing else of vLLM is replaced):
   torch (per-tensor, scale = amax / 448, then the static op's ``x / scale``), which 0.24's online FP8
   methods call as the loader completes a layer (0.29+ compute amax / 448 in torch and call the static op).
   Both sides of every comparison, patchkit's refit and vLLM's own first load, go through it.
+- ``cpu_deep_gemm_e8m0`` only (E8M0 FP8 refit tests): vLLM's DeepGEMM decision functions
+  (``is_deep_gemm_supported``, ``is_deep_gemm_e8m0_used``) answer True, ``DeepGemmFp8BlockScaledMMKernel`` is
+  listed for the CPU platform, and DeepGEMM's compiled scale-layout transform is stood in (the scales as
+  given, or a Blackwell-shaped packed int32 layout), so vLLM's UE8M0 requantisation of block-FP8 linear and
+  MoE layers runs on CPU. No DeepGEMM GEMM runs: those tests read kernel tensors.
 - ``cpu_activation_op`` only (whole models, logits tests): where vLLM's CPU wheel lacks the compiled
   ``_C`` op ``silu_and_mul`` (0.29: ``SiluAndMul`` looks it up as a Llama MLP is built), it is
   registered in torch as the SwiGLU vLLM's ``forward_native`` computes, and removed on exit.
@@ -44,10 +49,12 @@ Harness redirects (test-only, nothing else of vLLM is replaced):
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -160,6 +167,85 @@ def cpu_dynamic_fp8_quant() -> Iterator[None]:
     online FP8 methods quantise a bf16 weight with the dynamic op as the loader completes the layer."""
     with cpu_fp8_quant():
         yield
+
+def _deep_gemm_modules() -> list[Any]:
+    """The modules that bound vLLM's DeepGEMM decisions by name (``from vllm.utils.deep_gemm import ...``)."""
+    names = (
+        "vllm.utils.deep_gemm",
+        "vllm.model_executor.layers.quantization.utils.fp8_utils",
+        "vllm.model_executor.kernels.linear.scaled_mm.deep_gemm",
+        "vllm.model_executor.layers.fused_moe.experts.deep_gemm_moe",
+        "vllm.model_executor.layers.fused_moe.experts.triton_deep_gemm_moe",
+    )
+    return [importlib.import_module(name) for name in names]
+
+
+def _scales_as_given(sf: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+    """DeepGEMM's layout, stood in: the float32 block scales as vLLM hands them over."""
+    return sf
+
+
+def _packed_ue8m0_scales(sf: torch.Tensor, mn: int, k: int, recipe: tuple[int, int, int],
+                         num_groups: int | None = None, is_sfa: bool = False, **kwargs: object) -> torch.Tensor:
+    """DeepGEMM's layout, stood in with the shape and dtype it has on Blackwell: one scale per row (the
+    block's, repeated), its UE8M0 exponent byte, four bytes along K packed into an int32, MN-major. Not
+    DeepGEMM's bytes: a layout that differs from the checkpoint's in shape and dtype."""
+    gran_mn = recipe[0] if is_sfa else recipe[1]
+    rows = sf.float().repeat_interleave(gran_mn, dim=-2)[..., :mn, :].contiguous()
+    exponents = (rows.view(torch.int32) >> 23).to(torch.uint8)
+    exponents = torch.nn.functional.pad(exponents, (0, (-exponents.shape[-1]) % 4)).contiguous()
+    packed = exponents.view(torch.int32)
+    return packed.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+
+@contextlib.contextmanager
+def cpu_deep_gemm_e8m0(packed: bool = False) -> Iterator[None]:
+    """vLLM's DeepGEMM UE8M0 processing of block-FP8 layers, on CPU (use inside ``cpu_fp8_ops``).
+
+    - vLLM's decision functions ``is_deep_gemm_supported`` and ``is_deep_gemm_e8m0_used`` answer True, where
+      the modules that decide bound them (on a Hopper or Blackwell GPU with DeepGEMM both do, with
+      ``VLLM_USE_DEEP_GEMM_E8M0`` at its default, on);
+    - ``DeepGemmFp8BlockScaledMMKernel`` is the block-FP8 linear kernel listed for the CPU platform (upstream
+      lists it for CUDA) and reports itself supported; the fused-MoE oracle picks its DEEPGEMM backend where
+      ``VLLM_USE_DEEP_GEMM=1`` is set (the test sets it, as NeMo-RL does);
+    - DeepGEMM's compiled ``transform_sf_into_required_layout`` (CUDA only) is stood in: the scales as
+      given, or (``packed``) a Blackwell-shaped packed layout (:func:`_packed_ue8m0_scales`); and
+      ``get_mk_alignment_for_contiguous_layout`` answers DeepGEMM's 128 (vLLM 0.29's MoE experts ask it as
+      they are built; 0.33 finds its vendored DeepGEMM's answer on CPU).
+
+    vLLM's UE8M0 requantisation (``requant_weight_ue8m0_inplace``: dequantise each 128 x 128 block, requantise
+    it at a power-of-two scale), its E8M0 upcast and everything else of the processing run unchanged. Both
+    sides of every comparison, patchkit's refit and vLLM's own first load, go through the same stand-ins;
+    all are removed on exit."""
+    from vllm.model_executor.kernels import linear
+    from vllm.model_executor.kernels.linear.scaled_mm.deep_gemm import DeepGemmFp8BlockScaledMMKernel
+    from vllm.platforms import current_platform
+
+    saved: list[tuple[Any, str, Any]] = []
+
+    def put(owner: Any, name: str, value: Any) -> None:
+        saved.append((owner, name, owner.__dict__[name]))
+        setattr(owner, name, value)
+
+    for module in _deep_gemm_modules():
+        for name in ("is_deep_gemm_supported", "is_deep_gemm_e8m0_used"):
+            if name in module.__dict__:
+                put(module, name, lambda: True)
+        if "get_mk_alignment_for_contiguous_layout" in module.__dict__:
+            put(module, "get_mk_alignment_for_contiguous_layout", lambda: [128, 128])
+    put(importlib.import_module("vllm.model_executor.layers.quantization.utils.fp8_utils"),
+        "transform_sf_into_required_layout", _packed_ue8m0_scales if packed else _scales_as_given)
+    put(DeepGemmFp8BlockScaledMMKernel, "is_supported", classmethod(lambda cls, compute_capability=None: (True, None)))
+    kernels = linear._POSSIBLE_FP8_BLOCK_KERNELS
+    platform = current_platform._enum
+    previous = kernels[platform]
+    kernels[platform] = [DeepGemmFp8BlockScaledMMKernel]
+    try:
+        yield
+    finally:
+        kernels[platform] = previous
+        for owner, name, value in reversed(saved):
+            setattr(owner, name, value)
 
 
 # The NVFP4 emulation and Marlin-layout redirects are shipped (the vLLM self-checks use them): one copy.

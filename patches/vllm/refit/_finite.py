@@ -11,7 +11,8 @@ What counts as non-finite, by the staged parameter's dtype:
 - floating types (scales, unquantized tensors of a quantized layer): NaN or +-Inf;
 - E4M3 (``float8_e4m3fn``: FP8 weights, NVFP4 block scales): the NaN bytes ``0x7F``/``0xFF`` (it has
   no infinity); E5M2: NaN or +-Inf;
-- ``uint8`` scales (E8M0, the MX formats' block scales): ``0xFF``, E8M0's NaN;
+- ``uint8`` scales (E8M0, the MX formats' block scales) and ``float8_e8m0fnu`` scales (FP8 block scales
+  vLLM keeps as E8M0, ``is_scale_e8m0``): ``0xFF``, E8M0's NaN (``torch.isfinite`` misses it);
 - packed integer weights (NVFP4's and MXFP4's E2M1 nibbles, ``uint8``/``int8``/``int32``): none exist.
 """
 
@@ -39,6 +40,10 @@ def non_finite(name: str, tensor: torch.Tensor) -> str | None:
         kind = "E4M3 NaN"
     elif data.dtype == torch.uint8 and "scale" in name:
         bad = int((data == _E8M0_NAN).sum())
+        kind = "E8M0 NaN (0xFF)"
+    elif data.dtype == torch.float8_e8m0fnu:
+        # torch.isfinite calls every E8M0 value finite, its NaN byte included
+        bad = int((data.view(torch.uint8) == _E8M0_NAN).sum())
         kind = "E8M0 NaN (0xFF)"
     elif data.is_floating_point():
         wide = data.float() if data.dtype == torch.float8_e5m2 else data

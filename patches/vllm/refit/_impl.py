@@ -73,7 +73,12 @@ _ALLOW_NON_FINITE_ATTR = "_patchkit_refit_allow_non_finite"  #: this refit takes
 _KV_SCALE_NAMES = ("q_scale", "k_scale", "v_scale", "prob_scale")
 #: placeholders compressed-tensors' KV-cache method registers beside the scales (symmetric only: unread)
 _KV_ZERO_POINT_NAMES = ("q_zero_point", "k_zero_point", "v_zero_point")
-_EXACT_DTYPES = frozenset({torch.uint8, torch.int8, torch.float8_e4m3fn, torch.float8_e5m2})
+#: destinations a refit tensor must match exactly: ``copy_`` would cast any other dtype into them without
+#: a word (E8M0 block scales, ``float8_e8m0fnu``, round a float32 scale to a power of two: 0.7 -> 0.5)
+_EXACT_DTYPES = frozenset({torch.uint8, torch.int8, torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e8m0fnu})
+#: FP8 data, whose values mean something only with their scale: refused into a wider float. (An E8M0 tensor
+#: into a float scale converts exactly, powers of two, and stays allowed.)
+_SCALED_FLOATS = frozenset({torch.float8_e4m3fn, torch.float8_e5m2})
 
 
 # --- prepare -------------------------------------------------------------------------------------
@@ -216,15 +221,15 @@ def _check_tensor(
 def _check_dtype(
     layer_name: str, name: str, dtype: torch.dtype, target: torch.Tensor, loaded_weight: torch.Tensor
 ) -> None:
-    # A copy_ into uint8/fp8 storage would silently cast floats; scales may arrive in any float. An FP8
+    # A copy_ into uint8/fp8/e8m0 storage would silently cast floats; scales may arrive in any float. An FP8
     # tensor into a wider float (an online-FP8 layer's bf16 weight) would be cast without its scale.
     # ``dtype`` is the destination's, recorded: reading it off a vLLM parameter costs a
     # __torch_function__ round trip per checkpoint tensor.
     exact = dtype in _EXACT_DTYPES
     ok = (loaded_weight.dtype == dtype if exact
-          else loaded_weight.is_floating_point() and loaded_weight.dtype not in _EXACT_DTYPES)
+          else loaded_weight.is_floating_point() and loaded_weight.dtype not in _SCALED_FLOATS)
     if not ok:
-        must = dtype if exact else "a floating type wider than 8 bits"
+        must = dtype if exact else "a floating type other than FP8 (E4M3/E5M2)"
         raise _mismatch(layer_name, name, target, loaded_weight, f"dtype must be {must}")
 
 
