@@ -32,6 +32,7 @@ import contextlib
 import importlib
 import importlib.util
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +96,7 @@ def render(package_name: str = catalogue.CATALOGUE_PACKAGE) -> dict[str, str]:
     listed, modules = _declared(package_name)
     summaries = sorted((catalogue.indexed_summary(catalogue.normalized(patch)) + (relative,)
                         for relative, patches in modules.items() for patch in patches), key=lambda row: row[0])
-    twice = sorted({a[0] for a, b in zip(summaries, summaries[1:]) if a[0] == b[0]})
+    twice = sorted(patch_id for patch_id, count in Counter(row[0] for row in summaries).items() if count > 1)
     if twice:  # the index's columns are keyed by id; the engine refuses an id declared twice anyway
         raise DeclarationError(f"patch ids declared by more than one module: {', '.join(twice)}")
     upstreams = list(dict.fromkeys((distributions, required) for _, _, distributions, _, required, _ in summaries))
@@ -106,7 +107,7 @@ def render(package_name: str = catalogue.CATALOGUE_PACKAGE) -> dict[str, str]:
     index += [")", "", "OPT_IN = (", *(f"    {patch_id!r}," for patch_id, opt_in, *_ in summaries if opt_in), ")"]
     # One entry per line in each column: a new patch adds one line to each, and neighbouring entries
     # never read as a repeated block of the same shape.
-    columns = {
+    columns: dict[str, list[tuple[str, Any]]] = {
         "DECLARED_IN": [(patch_id, relative) for patch_id, _, _, _, _, relative in summaries],
         "UPSTREAM": [(patch_id, upstreams.index((distributions, required)))
                      for patch_id, _, distributions, _, required, _ in summaries],

@@ -331,9 +331,11 @@ class Engine:
             entry.set(State.SKIPPED, *off)
             return
         indexed = entry.indexed if lazily else None
-        upstream = None if indexed is None else settle.upstream(indexed.distributions, indexed.required, work.found)
-        settled = None if upstream is None else settle.from_index(entry.id, upstream, indexed.modules,
-                                                                   import_watch.imported)
+        settled = None
+        if indexed is not None:
+            upstream = settle.upstream(indexed.distributions, indexed.required, work.found)
+            if upstream is not None:
+                settled = settle.from_index(entry.id, upstream, indexed.modules, import_watch.imported)
         if settled is not None:
             self._settle(entry, settled)
             work.watch.extend(settled.waiting_for)

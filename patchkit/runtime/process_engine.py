@@ -36,6 +36,7 @@ from .status import PatchStatus, Reason, State
 
 TYPE_CHECKING = False  # `typing` is not imported at start-up
 if TYPE_CHECKING:
+    from types import ModuleType
     from typing import Mapping, Sequence
 
     from .engine import Engine
@@ -132,38 +133,47 @@ def apply_all_from_index(environ: Mapping[str, str] | None = None,
         chosen = reading.settings
         if reading.problems or reading.blocking is not None or chosen.strict or chosen.log_level is not None:
             return None  # each problem is reported by the engine, once; strict mode raises there
-        outcome = {}
+        outcome: dict[str, PatchStatus] = {}
         find = installed.Answers()
         for catalogue_index in indexes:
-            # The index's columns (see patchkit.matrix.catalogue_index): each upstream is settled once,
-            # for all its patches, and a patch allocates nothing that outlives the pass but its status.
-            upstreams: dict[int, settle.Upstream] = {}
-            waits_for, opt_in = catalogue_index.WAITS_FOR, catalogue_index.OPT_IN
-            for patch_id, position in catalogue_index.UPSTREAM.items():
-                off = settle.switched_off(patch_id, patch_id in opt_in, chosen)
-                if off is not None:
-                    outcome[patch_id] = PatchStatus(patch_id, State.SKIPPED, *off)
-                    continue
-                upstream = upstreams.get(position)
-                if upstream is None:
-                    upstream = settle.upstream(*catalogue_index.UPSTREAMS[position], find)
-                    if upstream is None:
-                        return None  # only the decision can tell: the engine decides it, and the rest as before
-                    upstreams[position] = upstream
-                status = settle.from_index(patch_id, upstream, waits_for[patch_id], import_watch.imported)
-                if status is None:
-                    return None  # this one needs the decision: the engine decides it, and the rest as before
-                outcome[patch_id] = status
-                if status.reason is Reason.NOT_INSTALLED:
-                    logger.debug("patchkit: %s skipped: %s", patch_id, status.detail)
+            if not _settle_index(catalogue_index, chosen, find, outcome):
+                return None  # a patch needs the decision: the engine decides it, and the rest as before
         # Sorted by id, as the engine keeps them.
         _settled, _settled_with = {patch_id: outcome[patch_id] for patch_id in sorted(outcome)}, chosen
         import_watch.listen(_WATCH)  # under the lock: an engine built from now on takes over, and forgets it
         settled_now = _settled
     # The lock released first: a hook armed for a module imported meanwhile runs at once, and builds the engine.
-    for module in dict.fromkeys(module for status in settled_now.values() for module in status.waiting_for):
-        import_watch.watch(module)
+    import_watch.watch(module for status in settled_now.values() for module in status.waiting_for)
     return list(settled_now.values())
+
+
+def _settle_index(catalogue_index: ModuleType, chosen: settings.Settings, find: installed.Answers,
+                  outcome: dict[str, PatchStatus]) -> bool:
+    """Settle every patch of one catalogue's index into ``outcome`` (by id); False as soon as one needs
+    the decision. The index is read by its columns (see ``patchkit.matrix.catalogue_index``): each
+    upstream is settled once for all its patches, and a patch leaves nothing behind but its status
+    (every object a process keeps counts towards the garbage collector's next collection)."""
+    upstreams: dict[int, settle.Upstream] = {}
+    waits_for, opt_in = catalogue_index.WAITS_FOR, catalogue_index.OPT_IN
+    for patch_id, position in catalogue_index.UPSTREAM.items():
+        off = settle.switched_off(patch_id, patch_id in opt_in, chosen)
+        if off is not None:
+            outcome[patch_id] = PatchStatus(patch_id, State.SKIPPED, *off)
+            continue
+        upstream = upstreams.get(position)
+        if upstream is None:
+            distributions, required = catalogue_index.UPSTREAMS[position]
+            found = settle.upstream(distributions, required, find)
+            if found is None:
+                return False  # a version known only once imported, an upstream installed in part
+            upstream = upstreams[position] = found
+        status = settle.from_index(patch_id, upstream, waits_for[patch_id], import_watch.imported)
+        if status is None:
+            return False  # a module it waits for is imported already, or nothing to wait for
+        outcome[patch_id] = status
+        if status.reason is Reason.NOT_INSTALLED:
+            logger.debug("patchkit: %s skipped: %s", patch_id, status.detail)
+    return True
 
 
 def register_extra_patches(environ: Mapping[str, str] | None = None) -> tuple[tuple[str, ...], list[str]]:

@@ -98,8 +98,11 @@ def from_index(patch_id: str, settled: Upstream, modules: tuple[str, ...],
     if settled.missing:
         return PatchStatus(patch_id, State.SKIPPED, Reason.NOT_INSTALLED, settled.missing, None, settled.versions)
     waiting = modules or settled.packages
-    if not waiting or any(imported(module) for module in waiting):
-        return None  # nothing to wait for, or a module is here: decided now
+    if not waiting:
+        return None  # nothing to wait for: decided now
+    for module in waiting:
+        if imported(module):
+            return None  # a module is here: decided now
     return PatchStatus(patch_id, State.PENDING, None,
                        f"waiting for {' or '.join(waiting)} to be imported; its variant is chosen then", None,
                        settled.versions, None, (), waiting)
