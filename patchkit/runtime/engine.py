@@ -333,7 +333,7 @@ class Engine:
         indexed = entry.indexed if lazily else None
         settled = None
         if indexed is not None:
-            upstream = settle.upstream(indexed.distributions, indexed.required, work.found)
+            upstream = work.upstream(indexed.distributions, indexed.required)
             if upstream is not None:
                 settled = settle.from_index(entry.id, upstream, indexed.modules, import_watch.imported)
         if settled is not None:
