@@ -56,12 +56,14 @@ WORKERS_VARIABLE = "PYTEST_XDIST_AUTO_NUM_WORKERS"
 
 #: The main job's upstreams: what a Megatron + ModelOpt + Megatron-Bridge trainer has installed today
 #: (Python 3.12), as the export-bridge-0.6 environment of compat_matrix.yaml installs them. Bridge goes
-#: in without its dependencies (it pins a megatron-core of its own); what it imports comes first.
+#: in without its dependencies (it pins a megatron-core of its own); what it imports comes first
+#: (datasets, tensorboard and megatron-energon: what its training utilities import, which the
+#: doctor's check of bridge.value_model_helpers imports).
 DEMO_PYTHON = "3.12"
 DEMO_INSTALL = [
     ["torch==2.11.0", "megatron-core==0.19.2", "nvidia-modelopt==0.47.0", "requests", "huggingface_hub",
      "transformers>=5.8,<=5.12.1", "einops", "omegaconf", "pyyaml", "tqdm", "rich", "regex", "six", "numpy<2.5",
-     "torch_memory_saver==0.0.10"],
+     "torch_memory_saver==0.0.10", "datasets", "tensorboard", "megatron-energon"],
     ["--no-deps", "megatron-bridge==0.6.2"],
 ]
 #: The opt-in patches the main job demonstrates, switched on for `status` as a user would switch them on.
@@ -184,9 +186,9 @@ def matrix(session: nox.Session) -> None:
 
 
 def _generate_documents(session: nox.Session, check: bool) -> None:
-    """The README's catalogue table, the supported-versions table and the compatibility grid."""
+    """The catalogue table and its summary in the README, the supported-versions table and the compatibility grid."""
     flag = ["--check"] if check else []
-    for document in ("README.md", "docs/compat-matrix.md"):
+    for document in ("README.md", "docs/catalogue.md", "docs/compat-matrix.md"):
         session.run("patchkit", "matrix", "table", "--readme", document, *flag)
     session.run("patchkit", "matrix", "grid", "--markdown", "docs/compatibility.md",
                 "--html", "docs/compatibility.html", *flag)

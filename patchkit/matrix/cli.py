@@ -263,17 +263,22 @@ def _table(args: argparse.Namespace) -> int:
     readme = Path(args.readme)
     old = _read_input(readme, "--readme")
     matrix, registry = load(_matrix_path(args)), _registry()
-    found = [(start, end) for start, end in ((table.START, table.END), (table.CATALOGUE_START, table.CATALOGUE_END))
-             if table.has_markers(old, start, end)]
+    writers = {
+        (table.START, table.END): lambda text: table.update(text, matrix, readme.name, table.ranges_of(registry)),
+        (table.CATALOGUE_START, table.CATALOGUE_END): lambda text: table.update_catalogue(text, matrix, registry,
+                                                                                          readme.name),
+        (table.SUMMARY_START, table.SUMMARY_END): lambda text: table.update_summary(text, matrix, registry,
+                                                                                   readme.name),
+    }
+    found = [markers for markers in writers if table.has_markers(old, *markers)]
     if not found:
-        sys.stderr.write(f"patchkit: {readme.name} has neither {table.START} ... {table.END} nor "
-                         f"{table.CATALOGUE_START} ... {table.CATALOGUE_END} markers; add them where a table belongs\n")
+        named = ", ".join(f"{start} ... {end}" for start, end in writers)
+        sys.stderr.write(f"patchkit: {readme.name} has none of the table markers ({named}); "
+                         "add them where a table belongs\n")
         return 2
     new = old
-    if (table.START, table.END) in found:
-        new = table.update(new, matrix, readme.name, table.ranges_of(registry))
-    if (table.CATALOGUE_START, table.CATALOGUE_END) in found:
-        new = table.update_catalogue(new, matrix, registry, readme.name)
+    for markers in found:
+        new = writers[markers](new)
     return _diff_or_write(readme, old, new, args.check, "--readme")
 
 
@@ -336,7 +341,8 @@ def build_parser() -> argparse.ArgumentParser:
     merge = command("merge", _merge, "fold records from `patchkit doctor --record FILE` into the matrix")
     merge.add_argument("file", help="the records file a doctor run wrote")
     merge.add_argument("--check", action="store_true", help="write nothing; exit 1 if merging would change the file")
-    table = command("table", _table, "write the supported-versions and catalogue tables between their markers")
+    table = command("table", _table,
+                    "write the supported-versions table, the catalogue table and its summary between their markers")
     table.add_argument("--readme", default="README.md")
     table.add_argument("--check", action="store_true", help="write nothing; exit 1 if the table is stale")
     grid = command("grid", _grid, "write the compatibility grid (patches down, releases across)")

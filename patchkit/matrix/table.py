@@ -1,9 +1,10 @@
-"""The generated tables of the documentation: the supported-versions table (one row per variant) and
-the README's catalogue table (one row per patch), from the matrix and the registry.
+"""The generated tables of the documentation, from the matrix and the registry: the supported-versions
+table (one row per variant), the catalogue table (one row per patch, docs/catalogue.md) and the
+catalogue's summary (one row per upstream, the README's: it stays the same size as the catalogue grows).
 
 Only the text between a table's markers (``<!-- compat-table:start -->`` ... ``:end -->``,
-``<!-- catalogue-table:start -->`` ... ``:end -->``) is rewritten; the rest of the document is not
-patchkit's to touch.
+``<!-- catalogue-table:start -->`` ... ``:end -->``, ``<!-- catalogue-summary:start -->`` ...
+``:end -->``) is rewritten; the rest of the document is not patchkit's to touch.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ START = "<!-- compat-table:start -->"
 END = "<!-- compat-table:end -->"
 CATALOGUE_START = "<!-- catalogue-table:start -->"
 CATALOGUE_END = "<!-- catalogue-table:end -->"
+SUMMARY_START = "<!-- catalogue-summary:start -->"
+SUMMARY_END = "<!-- catalogue-summary:end -->"
 #: The longest "what it fixes" cell: the summary's first sentence, cut at a word.
 SUMMARY_WIDTH = 110
 
@@ -113,8 +116,19 @@ def _span(versions: Iterable[str]) -> str:
     return ordered[0] if len(ordered) == 1 else f"{ordered[0]} – {ordered[-1]}"
 
 
+def _checked_on(matrix: Matrix, patch_id: str, upstream: str) -> list[str]:
+    """The releases of ``upstream`` where the patch, or upstream natively, was verified."""
+    records = [r for variant in matrix.patches.get(patch_id, {}).values() for r in variant]
+    return [r.versions[upstream] for r in records if r.status in IN_RANGE and upstream in r.versions]
+
+
+def _default(registered: Registered) -> str:
+    patch = registered.patch
+    return "native" if all(v.native for v in patch.variants) else "opt-in" if patch.opt_in else "on"
+
+
 def render_catalogue(matrix: Matrix, patches: Iterable[Registered]) -> str:
-    """The README's catalogue: per patch its upstream, the releases it was checked on (verified or
+    """The catalogue: per patch its upstream, the releases it was checked on (verified or
     native there), whether it is on by default, and one line of what it does."""
     lines = [
         "<!-- generated from the registry and compat_matrix.yaml by `patchkit matrix table`; do not edit by hand -->",
@@ -124,12 +138,36 @@ def render_catalogue(matrix: Matrix, patches: Iterable[Registered]) -> str:
     for registered in sorted(patches, key=lambda r: r.patch.id):
         patch = registered.patch
         upstream = patch.distributions[0] if patch.distributions else "—"
-        records = [r for variant in matrix.patches.get(patch.id, {}).values() for r in variant]
-        checked = _span(r.versions[upstream] for r in records if r.status in IN_RANGE and upstream in r.versions)
-        native = all(v.native for v in patch.variants)
-        default = "native" if native else "opt-in" if patch.opt_in else "on"
-        lines.append(f"| `{patch.id}` | {upstream} | {checked or 'not yet'} | {default} | {_one_line(patch.summary)} |")
+        checked = _span(_checked_on(matrix, patch.id, upstream))
+        lines.append(f"| `{patch.id}` | {upstream} | {checked or 'not yet'} | {_default(registered)} | "
+                     f"{_one_line(patch.summary)} |")
     return "\n".join(lines)
+
+
+def render_summary(matrix: Matrix, patches: Iterable[Registered]) -> str:
+    """The catalogue in one row per upstream: how many patches, how many of them are on by default,
+    opt-in or native (declared, with a test of upstream doing the job), and the releases checked."""
+    by_upstream: dict[str, list[Registered]] = defaultdict(list)
+    for registered in patches:
+        distributions = registered.patch.distributions
+        by_upstream[distributions[0] if distributions else "—"].append(registered)
+    lines = [
+        "<!-- generated from the registry and compat_matrix.yaml by `patchkit matrix table`; do not edit by hand -->",
+        "| upstream | patches | on by default | opt-in | native | checked on |",
+        "|---|---|---|---|---|---|",
+    ]
+    for upstream in sorted(by_upstream):
+        members = by_upstream[upstream]
+        defaults = [_default(r) for r in members]
+        checked = _span(v for r in members for v in _checked_on(matrix, r.patch.id, upstream))
+        lines.append(f"| {upstream} | {len(members)} | {defaults.count('on')} | {defaults.count('opt-in')} | "
+                     f"{defaults.count('native')} | {checked or 'not yet'} |")
+    return "\n".join(lines)
+
+
+def update_summary(readme: str, matrix: Matrix, patches: Iterable[Registered], name: str = "README.md") -> str:
+    """``readme`` with the catalogue's summary between its markers regenerated."""
+    return replace_between(readme, SUMMARY_START, SUMMARY_END, render_summary(matrix, patches), name)
 
 
 def update_catalogue(readme: str, matrix: Matrix, patches: Iterable[Registered], name: str = "README.md") -> str:

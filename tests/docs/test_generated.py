@@ -1,6 +1,6 @@
-"""The generated parts of the documentation are current: the README's catalogue table, the
-supported-versions table and the compatibility grid (Markdown and HTML). `python3 -m nox -s docs`
-regenerates them."""
+"""The generated parts of the documentation are current: the catalogue table (docs/catalogue.md) and
+its summary in the README, the supported-versions table and the compatibility grid (Markdown and
+HTML). `python3 -m nox -s docs` regenerates them."""
 
 from __future__ import annotations
 
@@ -27,16 +27,22 @@ def registry():
     return patches
 
 
-def test_the_readme_catalogue_table_is_current(matrix, registry) -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert table.has_markers(readme, table.CATALOGUE_START, table.CATALOGUE_END)
-    assert table.update_catalogue(readme, matrix, registry) == readme, f"README.md catalogue table is {STALE}"
+def test_the_catalogue_table_is_current(matrix, registry) -> None:
+    page = (ROOT / "docs" / "catalogue.md").read_text(encoding="utf-8")
+    assert table.has_markers(page, table.CATALOGUE_START, table.CATALOGUE_END)
+    assert table.update_catalogue(page, matrix, registry) == page, f"docs/catalogue.md catalogue table is {STALE}"
 
 
-def test_the_readme_catalogue_table_lists_every_patch(registry) -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    missing = [r.patch.id for r in registry if f"| `{r.patch.id}` |" not in readme]
+def test_the_catalogue_table_lists_every_patch(registry) -> None:
+    page = (ROOT / "docs" / "catalogue.md").read_text(encoding="utf-8")
+    missing = [r.patch.id for r in registry if f"| `{r.patch.id}` |" not in page]
     assert missing == []
+
+
+def test_the_readme_catalogue_summary_is_current(matrix, registry) -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert table.has_markers(readme, table.SUMMARY_START, table.SUMMARY_END)
+    assert table.update_summary(readme, matrix, registry) == readme, f"README.md catalogue summary is {STALE}"
 
 
 def test_the_supported_versions_table_is_current(matrix, registry) -> None:

@@ -1,4 +1,5 @@
-"""The README's supported-versions table is generated between its markers, and a stale one is caught."""
+"""The supported-versions table, the catalogue table and its summary are generated between their markers, and a
+stale one is caught."""
 
 from __future__ import annotations
 
@@ -50,3 +51,30 @@ def test_check_mode_fails_on_a_stale_table_and_passes_once_written(tmp_path: Pat
     assert readme.read_text() == README and "is stale" in capsys.readouterr().out
     assert main(args) == 0
     assert main([*args, "--check"]) == 0
+
+
+def test_the_summary_has_one_row_per_upstream_whose_counts_add_up_to_the_catalogue(tmp_path: Path) -> None:
+    from patchkit.matrix.table import SUMMARY_END, SUMMARY_START
+    from patchkit.runtime.catalogue import scan
+
+    readme, matrix = tmp_path / "README.md", tmp_path / "compat_matrix.yaml"
+    readme.write_text(f"# Title\n\n{SUMMARY_START}\nold summary\n{SUMMARY_END}\n")
+    matrix.write_text(SMALL_MATRIX)
+    assert main(["matrix", "table", "--readme", str(readme), "--matrix", str(matrix)]) == 0
+    lines = readme.read_text().splitlines()
+    rows = [line.split(" | ") for line in lines if line.startswith("| ") and "---" not in line]
+    header, *upstreams = rows
+    assert header[:2] == ["| upstream", "patches"] and "old summary" not in readme.read_text()
+    patches, _ = scan()
+    assert sum(int(row[1]) for row in upstreams) == len(patches)
+    assert all(int(row[1]) == int(row[2]) + int(row[3]) + int(row[4]) for row in upstreams)
+    assert sorted(row[0].removeprefix("| ") for row in upstreams) == sorted(
+        {r.patch.distributions[0] for r in patches})
+
+
+def test_a_document_without_any_table_markers_is_refused(tmp_path: Path, capsys) -> None:
+    readme, matrix = tmp_path / "README.md", tmp_path / "compat_matrix.yaml"
+    readme.write_text("# Title\n")
+    matrix.write_text(SMALL_MATRIX)
+    assert main(["matrix", "table", "--readme", str(readme), "--matrix", str(matrix)]) == 2
+    assert "catalogue-summary:start" in capsys.readouterr().err

@@ -115,6 +115,14 @@ def test_output_processor_check_fails_when_mtp_output_reaches_the_processor(monk
            "found (32, 2, 64)" in verdict.message, verdict.message
 
 
+def test_output_processor_check_is_verified_beside_the_mtp_postprocess_patch():
+    """With ``megatron.mtp_postprocess`` on (it makes a forward with labels return logits), the check
+    still compares the processor's log-probs with upstream's per-token loss, not with those logits."""
+    with patchkit.applied("megatron.output_processor", "megatron.mtp_postprocess"):
+        verdict = verdict_of("megatron.output_processor")
+    assert verdict.verdict == VERIFIED, verdict.message
+
+
 # --- megatron.tp_group_if_none_helper (native) ---
 
 

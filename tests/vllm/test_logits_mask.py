@@ -212,6 +212,23 @@ def test_a_mask_wider_than_logits_read_only_at_call_time_is_refused_there(unmask
     assert unmask_logits(wrapper) == LogitsMask(WIDTH + 10)
 
 
+def test_logits_narrower_than_a_width_already_checked_are_refused_at_that_call():
+    """The width is checked once, and again whenever a call returns another width."""
+
+    class Logits:
+        width = WIDTH
+
+        def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+            return torch.zeros(hidden.shape[0], self.width)
+
+    model = Logits()
+    mask_logits(model, VOCAB)
+    assert model.compute_logits(hidden_states()).shape[-1] == WIDTH
+    model.width = VOCAB - 1
+    with pytest.raises(LogitsMaskError, match=f"larger than the model's logits width {VOCAB - 1}"):
+        model.compute_logits(hidden_states())
+
+
 def test_logits_that_are_the_caller_s_tensor_are_copied_before_masking(vllm_config):
     from vllm.model_executor.layers.logits_processor import LogitsProcessor
 

@@ -21,13 +21,14 @@ import functools
 from typing import Any, Callable, Optional
 
 import torch
-from megatron.core import parallel_state
 from megatron.core.transformer import multi_token_prediction as mtp_module
-from megatron.core.transformer.multi_token_prediction import MTPLossAutoScaler, MTPLossLoggingHelper, roll_tensor
+from megatron.core.transformer.multi_token_prediction import roll_tensor
 from megatron.core.transformer.transformer_config import TransformerConfig
 from torch import Tensor
 
 from patchkit.runtime.probing import accepts_parameter, get_field
+
+from ..mtp._depth_losses import attach_depth_losses
 
 # 0.17+: the loss lives in a module-level function, the one 0.18 calls.
 _UPSTREAM_PROCESS_MTP_LOSS: Optional[Callable[..., Tensor]] = getattr(mtp_module, "process_mtp_loss", None)
@@ -103,45 +104,14 @@ def attach_mtp_losses(model: Any, hidden_states: Tensor, labels: Optional[Tensor
 def _process_mtp_loss_018(model: Any, hidden_states: Tensor, labels: Optional[Tensor], loss_mask: Optional[Tensor],
                           output_weight: Optional[Tensor], runtime_gather_output: Optional[bool],
                           packed_seq_params: Any) -> Tensor:
-    """Upstream 0.18.0's ``process_mtp_loss``, line for line, on 0.14-0.16 (no MuP there)."""
-    config = model.config
+    """Upstream 0.18.0's ``process_mtp_loss`` on 0.14-0.16 (no MuP there): the shared depth loop."""
+    if labels is None:
+        return torch.chunk(hidden_states, 1 + model.config.mtp_num_layers, dim=0)[0]
     roll_kwargs: dict[str, Any] = {"shifts": -1, "dims": -1, "cp_group": _cp_group(model)}
     if _ROLL_TAKES_PACKED_SEQ_PARAMS:
         roll_kwargs["packed_seq_params"] = packed_seq_params
-    roll_left = functools.partial(roll_tensor, **roll_kwargs)
-
-    hidden_states_list = torch.chunk(hidden_states, 1 + config.mtp_num_layers, dim=0)
-    hidden_states = hidden_states_list[0]
-    if labels is None:
-        return hidden_states
-
-    mtp_labels = labels.clone()
-    if loss_mask is None:
-        loss_mask = torch.ones_like(mtp_labels)
-    # The count finalize_model_grads divides every gradient by under calculate_per_token_loss.
-    original_num_tokens = loss_mask.sum()
-    for mtp_layer_number in range(config.mtp_num_layers):
-        mtp_logits, _ = model.output_layer(
-            hidden_states_list[mtp_layer_number + 1], weight=output_weight,
-            runtime_gather_output=runtime_gather_output,
-        )
-        mtp_labels, _ = roll_left(mtp_labels)
-        loss_mask, num_tokens = roll_left(loss_mask)
-        mtp_loss = loss_mask * model.compute_language_model_loss(mtp_labels, mtp_logits)
-        if model.training:
-            # Masked numerator over a clamped count: no host sync, 0 for a micro-batch without tokens.
-            mtp_loss_for_log = (torch.sum(mtp_loss) * (num_tokens > 0).to(mtp_loss.dtype)) / num_tokens.clamp(min=1)
-            MTPLossLoggingHelper.save_loss_to_tracker(
-                mtp_loss_for_log, mtp_layer_number, config.mtp_num_layers,
-                avg_group=parallel_state.get_data_parallel_group(with_context_parallel=True),
-            )
-        mtp_loss_scale = config.mtp_loss_scaling_factor / config.mtp_num_layers
-        if config.calculate_per_token_loss:
-            # finalize_model_grads divides by the main loss's token count; a depth has fewer after
-            # rolling, so its tokens are rescaled to weigh what the main loss's tokens weigh.
-            hidden_states = MTPLossAutoScaler.apply(
-                hidden_states, mtp_loss_scale * mtp_loss * (original_num_tokens / torch.clamp(num_tokens, min=1))
-            )
-        else:
-            hidden_states = MTPLossAutoScaler.apply(hidden_states, mtp_loss_scale * mtp_loss / num_tokens.clamp(min=1))
-    return hidden_states
+    return attach_depth_losses(
+        model, hidden_states, labels, loss_mask,
+        output_layer=model.output_layer, output_weight=output_weight,
+        runtime_gather_output=runtime_gather_output, roll_left=functools.partial(roll_tensor, **roll_kwargs),
+    )

@@ -7,7 +7,7 @@ rank and size of its process group (``pg_collection.cp``). A config built with
 table to ``tokens / CP`` rows, and every sequence longer than that fails with a shape error or,
 where one row is left, gets the wrong positions. The patch gives upstream's RoPE the table it
 needs (``._mla_thd_cp_rope``). verl's MLA patches (V1: mcore < 0.13; V2: ``MultiLatentAttention
-.forward`` below 0.16.2, V padding for THD which upstream has from 0.18.0) touch the same code; on
+.forward`` below 0.16.2, V padding for THD: ``megatron.mla_v_padding``) touch the same code; on
 0.14-0.19 the table rule above is upstream's own, unchanged through 0.19.2 and on main d98e8a6.
 """
 

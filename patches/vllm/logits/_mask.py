@@ -50,11 +50,15 @@ class _MaskedComputeLogits:
     ``spec_step_idx``) is passed through unchanged.
     """
 
-    def __init__(self, original: Callable[..., Any], mask: LogitsMask, replaced_own: bool) -> None:
+    def __init__(self, original: Callable[..., Any], mask: LogitsMask, replaced_own: bool,
+                 checked_width: int | None) -> None:
         self.original = original
         self.mask = mask
         #: The instance had its own ``compute_logits`` (set by someone else): undo puts it back.
         self.replaced_own = replaced_own
+        #: The last logits width the mask was checked against: every step returns the same width, so
+        #: the check runs again only when it changes (or when it could not be told ahead).
+        self._checked_width = checked_width
         self._banned: dict[torch.device, torch.Tensor] = {}
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -64,7 +68,9 @@ class _MaskedComputeLogits:
         if _shares_storage(logits, (*args, *kwargs.values())):
             logits = logits.clone()
         width = logits.shape[-1]
-        self.mask.check_width(width)
+        if width != self._checked_width:
+            self.mask.check_width(width)
+            self._checked_width = width
         if self.mask.vocab_size < width:
             logits[..., self.mask.vocab_size:] = float("-inf")
         if self.mask.banned_token_ids:
@@ -109,7 +115,7 @@ def mask_logits(model: Any, vocab_size: int, banned_token_ids: Iterable[int] | N
     if width is not None:
         mask.check_width(width)
     replaced_own = _METHOD in vars(model)
-    setattr(model, _METHOD, _MaskedComputeLogits(compute_logits, mask, replaced_own))
+    setattr(model, _METHOD, _MaskedComputeLogits(compute_logits, mask, replaced_own, width))
     logger.info("masking %s's logits from id %d up and %d banned ids below",
                 type(model).__name__, mask.vocab_size, len(mask.banned_token_ids))
     return mask

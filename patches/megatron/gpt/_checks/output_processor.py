@@ -57,10 +57,14 @@ def check_output_processor(context: CheckContext) -> None:
 
 def _check_with_mtp(device: str, batch: Batch) -> None:
     """0.18's processor branch with an MTP layer in the stage (eval mode: nothing logged to the MTP tracker)."""
+    from ...mtp import disable as leave_mtp_to_upstream
     from ._output_processor_probe import LogProbContext, chunked_label_log_probs
 
     model = build_tiny_gpt(mtp_num_layers=1).to(device).eval()
-    expected = -forward(model, batch)  # upstream runs the MTP block and returns the per-token LM loss
+    # Upstream runs the MTP block and returns the per-token LM loss; megatron.mtp_postprocess, if on,
+    # would return logits instead, so this model is left to upstream's postprocess.
+    leave_mtp_to_upstream(model)
+    expected = -forward(model, batch)
     seen = LogProbContext(chunk=4)
     try:
         result = model(batch.input_ids, batch.position_ids, batch.attention_mask, labels=batch.labels,

@@ -37,22 +37,18 @@ import functools
 from typing import Any, Callable, Optional
 
 import torch
-from megatron.core import parallel_state
-from megatron.core.transformer.multi_token_prediction import (
-    MTPLossAutoScaler,
-    MTPLossLoggingHelper,
-    roll_tensor,
-)
+from megatron.core.transformer.multi_token_prediction import roll_tensor
 from megatron.core.transformer.transformer_config import TransformerConfig
 from torch import Tensor
 
 from patchkit.runtime.probing import accepts_parameter, get_field
 
+from .._depth_losses import attach_depth_losses
 from .._loss_scale import current_loss_scale
 from .._mtp_kwargs import current_mtp_labels
 from .._options import options_for
 from .logits import main_head_logits
-from .loss_parts import mtp_cp_group, mtp_output_layer, mtp_targets, safe_token_count
+from .loss_parts import mtp_cp_group, mtp_output_layer, mtp_targets
 
 # 0.16 added standalone MTP pipeline stages: the output-layer stage may hold MTP hidden states
 # without running the MTP block, so upstream keys the loss on the config, not on ``mtp_process``.
@@ -90,58 +86,20 @@ def attach_mtp_losses(
 ) -> Tensor:
     """Split off the MTP hidden states, attach each depth's loss, return the main hidden states.
 
-    The loop is upstream's inline MTP loss of 0.14-0.16: labels and loss mask rolled left once per
-    depth, loss logged to ``MTPLossLoggingHelper`` in training, scaled by
-    ``mtp_loss_scaling_factor / mtp_num_layers`` and normalised per token count unless
-    ``calculate_per_token_loss``; with the count clamped, the per-token loss rescaled as 0.17+
-    rescale it (unless ``rescale_per_token_loss`` is False: upstream's 0.14-0.16 weighting), the
-    CP group taken from the batch where dynamic CP sets one and the output head optionally
-    detached (module docstring). Each depth's logits are dropped as soon as its loss exists.
+    The shared depth loop (``mtp._depth_losses``) with what the module docstring lists: the count
+    clamped, the per-token loss rescaled as 0.17+ rescale it (unless ``rescale_per_token_loss`` is
+    False: upstream's 0.14-0.16 weighting), the CP group taken from the batch where dynamic CP sets
+    one, the output head optionally detached and ``mtp.loss_scale(...)`` applied.
     """
-    config = model.config
-    num_depths = config.mtp_num_layers
-    output_layer = mtp_output_layer(model, detach_output_head)
-    roll_left = _roll_left(model, packed_seq_params)
-
-    hidden_states_list = torch.chunk(hidden_states, 1 + num_depths, dim=0)
-    hidden_states = hidden_states_list[0]
-    mtp_labels = labels.clone()
-    if loss_mask is None:
-        loss_mask = torch.ones_like(mtp_labels)
-    # Before any roll: the token count finalize_model_grads divides by under calculate_per_token_loss.
-    original_num_tokens = loss_mask.sum()
-    mtp_loss_scale = config.mtp_loss_scaling_factor * current_loss_scale() / num_depths
-    for depth in range(num_depths):
-        mtp_logits, _ = output_layer(
-            hidden_states_list[depth + 1],
-            weight=output_weight,
-            runtime_gather_output=runtime_gather_output,
-        )
-        mtp_labels, _ = roll_left(mtp_labels)
-        loss_mask, num_tokens = roll_left(loss_mask)
-        num_tokens = safe_token_count(num_tokens)
-        mtp_loss = loss_mask * model.compute_language_model_loss(mtp_labels, mtp_logits)
-        del mtp_logits
-        if model.training:
-            MTPLossLoggingHelper.save_loss_to_tracker(
-                torch.sum(mtp_loss) / num_tokens,
-                depth,
-                num_depths,
-                avg_group=parallel_state.get_data_parallel_group(with_context_parallel=True),
-            )
-        if config.calculate_per_token_loss and not rescale_per_token_loss:
-            hidden_states = MTPLossAutoScaler.apply(hidden_states, mtp_loss_scale * mtp_loss)
-        elif config.calculate_per_token_loss:
-            # As 0.17+: the depth's tokens weigh what the main loss's tokens weigh once
-            # finalize_model_grads divides by the main loss's (unrolled) token count.
-            hidden_states = MTPLossAutoScaler.apply(
-                hidden_states, mtp_loss_scale * mtp_loss * (original_num_tokens / num_tokens)
-            )
-        else:
-            hidden_states = MTPLossAutoScaler.apply(
-                hidden_states, mtp_loss_scale * mtp_loss / num_tokens
-            )
-    return hidden_states
+    return attach_depth_losses(
+        model, hidden_states, labels, loss_mask,
+        output_layer=mtp_output_layer(model, detach_output_head),
+        output_weight=output_weight,
+        runtime_gather_output=runtime_gather_output,
+        roll_left=_roll_left(model, packed_seq_params),
+        loss_scale=current_loss_scale(),
+        rescale_per_token_loss=rescale_per_token_loss,
+    )
 
 
 def wrap_postprocess(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -84,7 +84,7 @@ def build_mla(rope_type: str = "rope", config_cp_size: int = 1, device: str = "c
     spec = get_gpt_layer_local_spec(multi_latent_attention=True).submodules.self_attention
     submodules = dataclasses.replace(spec.submodules, core_attention=NoCoreAttention)
     torch.manual_seed(1234)
-    with _no_te_linear():
+    with no_te_linear():
         layer = MLASelfAttention(config, submodules, layer_number=1, attn_mask_type=spec.params["attn_mask_type"])
     # Set after building: 0.14-0.19 validate context_parallel_size against nothing here, and the
     # layer's own groups (TP=CP=1 in the checks) stay what they are.
@@ -93,7 +93,7 @@ def build_mla(rope_type: str = "rope", config_cp_size: int = 1, device: str = "c
 
 
 @contextlib.contextmanager
-def _no_te_linear() -> Iterator[None]:
+def no_te_linear() -> Iterator[None]:
     """``HAVE_TE`` read as ``False`` while the layer is built, where ``TELinear`` is no class (0.16.1 without TE)."""
     from megatron.core.transformer import multi_latent_attention
 

@@ -1,0 +1,1 @@
+"""Self-checks of the attention patches (``patchkit doctor``): one module per patch, named after it."""
