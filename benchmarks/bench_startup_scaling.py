@@ -1,7 +1,8 @@
 """Start-up against the size of the catalogue: the shipped one, then the same plus 100 declarations.
 
 The 100 declarations are generated into a temporary catalogue package (an upstream folder of 100
-declaration modules and its index, written by the same generator as the shipped index), each a
+declaration modules and its index, written by the same generator as the shipped index; one such
+package per copy of patchkit measured, by that copy's generator), each a
 patch of an upstream that is installed but not imported (default: megatron-core), waiting for a
 module of its own. Each fresh interpreter times, in process, what ``apply_all()`` costs at start-up
 with the catalogue read from its index: reading the index(es), settling every patch and arming the
@@ -146,16 +147,18 @@ def main() -> None:
     except PackageNotFoundError:
         sys.exit(f"{args.dist} is not installed here: the generated patches must be of an installed upstream")
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        make_catalogue(root, args.count, args.dist, args.module, sides[-1][1])
+        # A catalogue per side, its index written by that side's generator (the index's format may differ).
+        roots = {name: Path(tmp) / str(n) for n, (name, _) in enumerate(sides)}
+        for name, path in sides:
+            make_catalogue(roots[name], args.count, args.dist, args.module, path)
         real, plus = ["patchkit.patches"], ["patchkit.patches", PACKAGE]
-        for _, path in sides:
-            run(root, plus, path)  # compile the bytecode once
+        for name, path in sides:
+            run(roots[name], plus, path)  # compile the bytecode once
         results: dict[str, tuple[list, list]] = {name: ([], []) for name, _ in sides}
         for _ in range(args.runs):
             for name, path in sides:
-                results[name][0].append(run(root, real, path))
-                results[name][1].append(run(root, plus, path))
+                results[name][0].append(run(roots[name], real, path))
+                results[name][1].append(run(roots[name], plus, path))
     sys.stdout.write(f"load average {os.getloadavg()[0]:.1f}\n")
     for name, (alone, more) in results.items():
         report(f"{name}: " if name else "", alone, more, args)

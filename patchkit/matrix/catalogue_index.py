@@ -10,10 +10,15 @@ made from, so the runtime notices a module added since by listing the folders al
 (a decision, ``list``, ``explain``). See :mod:`patchkit.runtime.catalogue`.
 
 What the constants hold. ``_index.FOLDERS``: each catalogue folder (relative, dotted) and its public
-names when the index was written. ``_index.DECLARATIONS``: each declaration module (relative, dotted)
-and its patches, each ``(id, opt_in, ((distribution, import package), ...), the modules whose import
-decides it (those its variants install into, and the upstream's package where a variant installs
-nothing), the distributions every variant requires)``.
+names when the index was written. The patches, in columns keyed by patch id (sorted): ``DECLARED_IN``,
+the declaration module (relative, dotted); ``UPSTREAM``, a position in ``UPSTREAMS``, which holds each
+upstream once: ``((distribution, import package), ...)`` and the distributions every variant of the
+patch requires; ``WAITS_FOR``, the modules whose import decides it (those its variants install into,
+and the upstream's package where a variant installs nothing); ``OPT_IN``, the ids of opt-in patches.
+Columns rather than one record per patch: the interpreter makes one object for every tuple it loads
+from the bytecode's constants, and each object a process keeps counts towards the garbage collector's
+next collection, so start-up allocates per patch only the tuple of modules it waits for (shared with
+its status).
 ``_index_declarations.DECLARATIONS[patch id]``: the declaration's fields in ``Patch`` field order
 (:func:`patchkit.runtime.catalogue.patch_from_data` reads them back).
 
@@ -27,6 +32,7 @@ import contextlib
 import importlib
 import importlib.util
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +43,7 @@ from ..runtime.errors import DeclarationError
 INDEX_HEADER = '''# ruff: noqa: E501
 """The catalogue's index, generated from the declaration modules by `patchkit matrix catalogue`: do not edit.
 
-Read at start-up by patchkit.runtime.catalogue; patchkit.matrix.catalogue_index says what each constant holds.
+Read at start-up by patchkit.runtime.index; patchkit.matrix.catalogue_index says what each constant holds.
 """
 '''
 
@@ -88,17 +94,29 @@ def render(package_name: str = catalogue.CATALOGUE_PACKAGE) -> dict[str, str]:
     holding every declaration as data); every declaration module is imported to write it. Raises
     ``DeclarationError`` if one cannot be loaded (an index must not leave a patch out)."""
     listed, modules = _declared(package_name)
+    summaries = sorted((catalogue.indexed_summary(catalogue.normalized(patch)) + (relative,)
+                        for relative, patches in modules.items() for patch in patches), key=lambda row: row[0])
+    twice = sorted(patch_id for patch_id, count in Counter(row[0] for row in summaries).items() if count > 1)
+    if twice:  # the index's columns are keyed by id; the engine refuses an id declared twice anyway
+        raise DeclarationError(f"patch ids declared by more than one module: {', '.join(twice)}")
+    upstreams = list(dict.fromkeys((distributions, required) for _, _, distributions, _, required, _ in summaries))
     index = [INDEX_HEADER.rstrip("\n"), "", f"FORMAT = {catalogue.INDEX_FORMAT}", "", "FOLDERS = {"]
     index.extend(f"    {folder!r}: {names!r}," for folder, names in listed.items())
-    index += ["}", "", "DECLARATIONS = {"]
+    index += ["}", "", "UPSTREAMS = ("]
+    index.extend(f"    {upstream!r}," for upstream in upstreams)
+    index += [")", "", "OPT_IN = (", *(f"    {patch_id!r}," for patch_id, opt_in, *_ in summaries if opt_in), ")"]
+    # One entry per line in each column: a new patch adds one line to each, and neighbouring entries
+    # never read as a repeated block of the same shape.
+    columns: dict[str, list[tuple[str, Any]]] = {
+        "DECLARED_IN": [(patch_id, relative) for patch_id, _, _, _, _, relative in summaries],
+        "UPSTREAM": [(patch_id, upstreams.index((distributions, required)))
+                     for patch_id, _, distributions, _, required, _ in summaries],
+        "WAITS_FOR": [(patch_id, waits_for) for patch_id, _, _, waits_for, _, _ in summaries],
+    }
+    for name, rows in columns.items():
+        index += ["", f"{name} = {{", *(f"    {patch_id!r}: {value!r}," for patch_id, value in rows), "}"]
     data = [DECLARATIONS_HEADER.rstrip("\n"), "", "DECLARATIONS = {"]
-    # One entry per line: a declaration module's summaries, a patch's declaration. A new patch then
-    # adds one line, and neighbouring entries never read as a repeated block of the same shape.
-    for relative, patches in modules.items():
-        summaries = tuple(catalogue.indexed_summary(catalogue.normalized(patch)) for patch in patches)
-        index.append(f"    {relative!r}: {summaries!r},")
-        data.extend(f"    {patch.id!r}: {_data(patch)!r}," for patch in patches)
-    index.append("}")
+    data.extend(f"    {patch.id!r}: {_data(patch)!r}," for patches in modules.values() for patch in patches)
     data.append("}")
     return {f"{catalogue.INDEX_MODULE}.py": "\n".join(index) + "\n",
             f"{catalogue.DECLARATIONS_MODULE}.py": "\n".join(data) + "\n"}

@@ -299,15 +299,16 @@ def load(package_name: str = CATALOGUE_PACKAGE) -> tuple[list[Registered | Index
     present = {folder: set(names) for folder, names in listed.items()}
     found: list[Registered | Indexed] = []
     errors: list[CatalogueLoadFailure] = []
-    gone = []
-    for relative, patches in index.DECLARATIONS.items():
+    gone: dict[str, None] = {}
+    for patch_id, relative in index.DECLARED_IN.items():
         folder, _, name = relative.rpartition(".")
         if f"{name}.py" not in present.get(folder, ()):
-            gone.append(relative)
+            gone[relative] = None
             continue
         module_name = f"{package_name}.{relative}"
-        package = module_name.rpartition(".")[0]
-        found.extend(Indexed._make((*entry, package, module_name, package_name)) for entry in patches)
+        distributions, required = index.UPSTREAMS[index.UPSTREAM[patch_id]]
+        found.append(Indexed(patch_id, patch_id in index.OPT_IN, distributions, index.WAITS_FOR[patch_id], required,
+                             module_name.rpartition(".")[0], module_name, package_name))
     if listed != index.FOLDERS:
         unindexed = declaration_modules(package_name, _new_names(listed, index.FOLDERS))
         if unindexed or gone:

@@ -331,8 +331,11 @@ class Engine:
             entry.set(State.SKIPPED, *off)
             return
         indexed = entry.indexed if lazily else None
-        settled = None if indexed is None else settle.from_index(
-            indexed.distributions, indexed.modules, indexed.required, work.found, import_watch.imported)
+        settled = None
+        if indexed is not None:
+            upstream = work.upstream(indexed.distributions, indexed.required)
+            if upstream is not None:
+                settled = settle.from_index(entry.id, upstream, indexed.modules, import_watch.imported)
         if settled is not None:
             self._settle(entry, settled)
             work.watch.extend(settled.waiting_for)
@@ -342,7 +345,7 @@ class Engine:
             self._advance_safely(entry, "while applying", work)
 
     @staticmethod
-    def _settle(entry: Entry, settled: settle.Settled) -> None:
+    def _settle(entry: Entry, settled: PatchStatus) -> None:
         """Record what the index alone settled. This keeps ``apply_all()`` flat in the size of the
         catalogue: such a patch costs a few lookups now, and its declaration (made from the index,
         then imported), its variant and its version check are paid for when its upstream's code is
@@ -354,7 +357,7 @@ class Engine:
         if settled.state is State.PENDING:
             entry.waiting_for, entry.undecided = settled.waiting_for, True
 
-    def take_over(self, settled: Mapping[str, settle.Settled], chosen: Settings) -> None:
+    def take_over(self, settled: Mapping[str, PatchStatus], chosen: Settings) -> None:
         """Record what the start-up pass of a process settled from the catalogue's index with
         ``chosen`` settings (:mod:`.process_engine`: ``apply_all()`` before this engine was built),
         as this engine's ``apply_all()`` would have recorded it. Patches this engine registered from

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 
-from . import installed, logs
+from . import installed, logs, settle
 from .catalogue import Indexed, Registered
 from .decision import Decision
 from .errors import DeclarationError, DriftError, PatchInstallError
@@ -154,7 +154,7 @@ class Work:
     versions it read (once per distribution and pass: most patches of a family ask for the same one,
     and each answer costs a search of ``sys.path``)."""
 
-    __slots__ = ("jobs", "watch", "versions", "found")
+    __slots__ = ("jobs", "watch", "versions", "found", "upstreams")
 
     def __init__(self) -> None:
         self.jobs: list[Job] = []
@@ -162,6 +162,15 @@ class Work:
         self.versions: dict[tuple[str, str | None], InstalledVersion] = {}
         #: :func:`.installed.find`, read once in this pass.
         self.found = installed.Answers()
+        self.upstreams: dict[tuple[tuple[tuple[str, str | None], ...], tuple[str, ...]], settle.Upstream | None] = {}
+
+    def upstream(self, distributions: tuple[tuple[str, str | None], ...],
+                 required: tuple[str, ...]) -> settle.Upstream | None:
+        """:func:`.settle.upstream`, settled once in this pass for all the patches of one upstream."""
+        key = (distributions, required)
+        if key not in self.upstreams:
+            self.upstreams[key] = settle.upstream(distributions, required, self.found)
+        return self.upstreams[key]
 
     def installed_version(self, distribution: str, module: str | None) -> InstalledVersion:
         """:func:`.versions.installed_version`, read once in this pass."""

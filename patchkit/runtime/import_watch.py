@@ -22,7 +22,7 @@ from . import logs
 
 TYPE_CHECKING = False  # `typing` is not imported at start-up
 if TYPE_CHECKING:
-    from typing import Any, Protocol
+    from typing import Any, Iterable, Protocol
 
     class Listener(Protocol):
         """What dispatch needs of an engine: to be told of an import, and whether it is strict."""
@@ -61,28 +61,33 @@ def imported(module: str) -> bool:
     return not hooks.initializing(found)
 
 
-def watch(module: str) -> None:
-    """Dispatch ``module`` once it has finished importing: now if it has, when its import in flight
-    completes, or at its first import. Never called with an engine lock held."""
+def watch(modules: Iterable[str]) -> None:
+    """Dispatch each of ``modules`` once it has finished importing: now if it has, when its import in
+    flight completes, or at its first import. Each is looked at once (patches of a family wait for the
+    same modules), all of them under one hold of the watch lock: start-up arms a hook for every module
+    its patches wait for. Never called with an engine lock held."""
     from . import hooks
 
+    finished, waiting = [], []
     with _WATCH_LOCK:
-        # Armed and still registered: nothing to do. (_ARMED alone can be stale when an interruption
-        # came between noting a module here and registering its hook.)
-        if module in _ARMED and hooks.is_watched(module):
-            return
-        waiting = not imported(module)
-        if waiting:
-            _ARMED.add(module)
-    if not waiting:
+        for module in dict.fromkeys(modules):
+            # Armed and still registered: nothing to do. (_ARMED alone can be stale when an interruption
+            # came between noting a module here and registering its hook.)
+            if module in _ARMED and hooks.is_watched(module):
+                continue
+            if imported(module):
+                finished.append(module)
+            else:
+                _ARMED.add(module)
+                waiting.append(module)
+    for module in finished:
         _dispatch(module)
-        return
-
-    hooks.register(module, _on_import)  # runs it at once if the import finished meanwhile
-    if imported(module):
-        # The import in flight ended between our look and the hook's arming: it will not fire.
-        # Dispatching twice is harmless (an engine ignores modules it no longer waits for).
-        _on_import(sys.modules[module])
+    for module in waiting:
+        hooks.register(module, _on_import)  # runs it at once if the import finished meanwhile
+        if imported(module):
+            # The import in flight ended between our look and the hook's arming: it will not fire.
+            # Dispatching twice is harmless (an engine ignores modules it no longer waits for).
+            _on_import(sys.modules[module])
 
 
 def _on_import(module: Any) -> None:

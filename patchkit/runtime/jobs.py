@@ -35,8 +35,7 @@ def carry_out_all(engine: "Engine", work: Work) -> None:
             carry_out(engine, job)
         except Exception as exc:
             first = first or exc
-    for module in dict.fromkeys(work.watch):  # once each: patches of a family wait for the same modules
-        import_watch.watch(module)
+    import_watch.watch(work.watch)
     if first is not None:
         raise first
 

@@ -36,15 +36,16 @@ from .status import PatchStatus, Reason, State
 
 TYPE_CHECKING = False  # `typing` is not imported at start-up
 if TYPE_CHECKING:
+    from types import ModuleType
     from typing import Mapping, Sequence
 
     from .engine import Engine
 
 _engine: Engine | None = None
 _engine_lock = _thread.allocate_lock()
-#: What the start-up pass settled, by patch id, and with which settings; None: it has not run (or
-#: the engine took it over).
-_settled: dict[str, settle.Settled] | None = None
+#: What the start-up pass settled: each patch's status, by patch id, and with which settings; None: it
+#: has not run (or the engine took it over).
+_settled: dict[str, PatchStatus] | None = None
 _settled_with: settings.Settings | None = None
 logger = logs.get("patchkit")
 
@@ -116,7 +117,7 @@ def apply_all_from_index(environ: Mapping[str, str] | None = None,
     with _engine_lock:
         if _engine is not None:
             return None
-        records = []
+        indexes = []
         for package in catalogues:
             try:
                 catalogue_index = index.current(package)
@@ -124,36 +125,55 @@ def apply_all_from_index(environ: Mapping[str, str] | None = None,
                 return None  # an index that fails to import: the engine reads the declarations and says so
             if catalogue_index is None:
                 return None  # no index, another format, or stale: the engine reads the declarations and says so
-            records += [record for patches in catalogue_index.DECLARATIONS.values() for record in patches]
-        ids = [record[0] for record in records]
+            indexes.append(catalogue_index)
+        ids = [patch_id for catalogue_index in indexes for patch_id in catalogue_index.DECLARED_IN]
         if len(set(ids)) != len(ids):
             return None  # an id declared twice: the engine refuses it
         reading = settings.read(environ, known_ids=ids)
         chosen = reading.settings
         if reading.problems or reading.blocking is not None or chosen.strict or chosen.log_level is not None:
             return None  # each problem is reported by the engine, once; strict mode raises there
+        outcome: dict[str, PatchStatus] = {}
         find = installed.Answers()
-        outcome = {}
-        for patch_id, opt_in_only, distributions, modules, required in records:
-            off = settle.switched_off(patch_id, opt_in_only, chosen)
-            if off is not None:
-                outcome[patch_id] = settle.Settled(State.SKIPPED, off[0], off[1], {})
-                continue
-            settled = settle.from_index(distributions, modules, required, find, import_watch.imported)
-            if settled is None:
-                return None  # this one needs the decision: the engine decides it, and the rest as before
-            outcome[patch_id] = settled
-            if settled.reason is Reason.NOT_INSTALLED:
-                logger.debug("patchkit: %s skipped: %s", patch_id, settled.detail)
-        # Sorted by id, as the engine keeps them (keys alone: no pair is made per patch).
+        for catalogue_index in indexes:
+            if not _settle_index(catalogue_index, chosen, find, outcome):
+                return None  # a patch needs the decision: the engine decides it, and the rest as before
+        # Sorted by id, as the engine keeps them.
         _settled, _settled_with = {patch_id: outcome[patch_id] for patch_id in sorted(outcome)}, chosen
         import_watch.listen(_WATCH)  # under the lock: an engine built from now on takes over, and forgets it
         settled_now = _settled
     # The lock released first: a hook armed for a module imported meanwhile runs at once, and builds the engine.
-    for module in dict.fromkeys(module for settled in settled_now.values() for module in settled.waiting_for):
-        import_watch.watch(module)
-    return [PatchStatus(patch_id, settled.state, settled.reason, settled.detail, None, dict(settled.versions), None,
-                        (), settled.waiting_for) for patch_id, settled in settled_now.items()]
+    import_watch.watch(module for status in settled_now.values() for module in status.waiting_for)
+    return list(settled_now.values())
+
+
+def _settle_index(catalogue_index: ModuleType, chosen: settings.Settings, find: installed.Answers,
+                  outcome: dict[str, PatchStatus]) -> bool:
+    """Settle every patch of one catalogue's index into ``outcome`` (by id); False as soon as one needs
+    the decision. The index is read by its columns (see ``patchkit.matrix.catalogue_index``): each
+    upstream is settled once for all its patches, and a patch leaves nothing behind but its status
+    (every object a process keeps counts towards the garbage collector's next collection)."""
+    upstreams: dict[int, settle.Upstream] = {}
+    waits_for, opt_in = catalogue_index.WAITS_FOR, catalogue_index.OPT_IN
+    for patch_id, position in catalogue_index.UPSTREAM.items():
+        off = settle.switched_off(patch_id, patch_id in opt_in, chosen)
+        if off is not None:
+            outcome[patch_id] = PatchStatus(patch_id, State.SKIPPED, *off)
+            continue
+        upstream = upstreams.get(position)
+        if upstream is None:
+            distributions, required = catalogue_index.UPSTREAMS[position]
+            found = settle.upstream(distributions, required, find)
+            if found is None:
+                return False  # a version known only once imported, an upstream installed in part
+            upstream = upstreams[position] = found
+        status = settle.from_index(patch_id, upstream, waits_for[patch_id], import_watch.imported)
+        if status is None:
+            return False  # a module it waits for is imported already, or nothing to wait for
+        outcome[patch_id] = status
+        if status.reason is Reason.NOT_INSTALLED:
+            logger.debug("patchkit: %s skipped: %s", patch_id, status.detail)
+    return True
 
 
 def register_extra_patches(environ: Mapping[str, str] | None = None) -> tuple[tuple[str, ...], list[str]]:

@@ -173,7 +173,7 @@ def test_the_check_command_fails_on_a_stale_index_and_the_command_rewrites_it(to
 
 def test_the_generator_finds_declarations_in_family_sub_packages_and_skips_helpers(toy_catalogue):
     index = importlib.import_module(f"{toy_catalogue.name}._index")
-    assert sorted(index.DECLARATIONS) == ["up.fam.scale", "up.forward"]
+    assert sorted(set(index.DECLARED_IN.values())) == ["up.fam.scale", "up.forward"]
     assert "helper_api.py" in index.FOLDERS["up"] and "fam" in index.FOLDERS["up"]
     assert f"{toy_catalogue.name}.up.helper_api" not in sys.modules
 
@@ -244,6 +244,45 @@ def test_apply_all_reads_no_declaration_data_while_no_target_module_is_imported(
         assert f"{toy_catalogue.name}.{catalogue.DECLARATIONS_MODULE}" not in sys.modules
     finally:
         engine.revert_all()
+
+
+KEPT_BY_THE_FIRST_APPLY_ALL = """
+    import gc, json
+    from patchkit.runtime import process_engine
+    gc.disable()  # counted, not collected: the count is what sets off the garbage collector's next collection
+    before = gc.get_count()[0]
+    statuses = process_engine.apply_all_from_index(catalogues=[{name!r}])
+    kept = gc.get_count()[0] - before
+    print(json.dumps({{"kept": kept, "pending": sum(s.state.value == "pending" for s in statuses)}}))
+"""
+
+
+def test_a_patch_waiting_for_its_upstreams_code_keeps_few_objects_at_start_up(toy_catalogue):
+    """The objects the first ``apply_all()`` keeps per waiting patch (allocated and not freed: what counts
+    towards the garbage collector's next collection): its status, the index's tuple of the modules it
+    waits for (which the status shares), its module's hook. A record per patch, a version map per patch,
+    a tuple per index row would each add one for every patch of the catalogue. Run where the toy
+    upstream is installed and not imported, so every added patch waits for a module of its own."""
+    up = toy_catalogue.upstream
+    script = textwrap.dedent(KEPT_BY_THE_FIRST_APPLY_ALL.format(name=toy_catalogue.name))
+    env = {"PYTHONPATH": os.pathsep.join([str(toy_catalogue.root), str(up.root), *sys.path])}
+
+    def kept() -> tuple[int, int]:
+        # With bytecode written and read, as users have it.
+        found = last_printed(script, without=("PATCHKIT_", "PYTHONDONTWRITEBYTECODE"), timeout=120, check=True,
+                             **env)
+        return found["kept"], found["pending"]
+
+    kept(), kept()
+    small, small_pending = kept()
+    added = 60
+    for n in range(added):
+        toy_catalogue.declare(f"gen_{n:02d}", f"toy.gen_{n:02d}", target=f"{up.package}.gen_{n:02d}:forward")
+    toy_catalogue.write_index()
+    kept(), kept()
+    large, large_pending = kept()
+    assert large_pending - small_pending == added
+    assert (large - small) / added <= 4, (small, large)  # 3 here; about 8 with a record per index row and patch
 
 
 def test_a_patch_whose_every_variant_is_native_waits_for_its_upstreams_package_then_is_decided(toy_catalogue):
