@@ -17,6 +17,7 @@ expression taken on absolute values through both GEMMs, plus ``2^-8 * |ref|``.
 from __future__ import annotations
 
 import contextlib
+import enum
 import itertools
 import logging
 from collections.abc import Callable, Iterator
@@ -366,6 +367,15 @@ def forward_of(kind: str, vllm_config: object, *, hidden: int, down_features: in
     return experts_forward(hidden, experts, vllm_config)
 
 
+def _named(value: object) -> str:
+    """A string as it is, an enum member by its name (``Fp8MoeBackend.TRITON``), anything else by its class."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, enum.Enum):
+        return f"{type(value).__name__}.{value.name}"
+    return type(value).__name__
+
+
 def quant_method_in_use(model: torch.nn.Module) -> str:
     """The quantized method (and its scheme, kernel or backend) of ``model``'s ``gate_up`` or MoE layer, for
     the log: what vLLM picked on this GPU."""
@@ -377,7 +387,7 @@ def quant_method_in_use(model: torch.nn.Module) -> str:
         for attribute in ("fp8_linear", "kernel", "fp8_backend", "nvfp4_backend", "mxfp4_backend", "backend"):
             value = getattr(owner, attribute, None)
             if value is not None:
-                parts.append(f"{attribute}={value if isinstance(value, str) else type(value).__name__}")
+                parts.append(f"{attribute}={_named(value)}")
     return " ".join(parts)
 
 

@@ -48,7 +48,9 @@ def test_ct_nvfp4_refits_on_vllms_kernels_equal_its_first_load_under_a_captured_
     states = [checkpoint(a16, seed, hidden=HIDDEN, intermediate=INTERMEDIATE) for seed in (1, 2)]
     # An NVFP4A16 MoE layer registers input global scales its checkpoint lacks and Marlin never reads.
     placeholders = frozenset({"w13_input_global_scale", "w2_input_global_scale"} if kind == "moe" and a16 else ())
+    # The fused-MoE methods are recorded by a patch of their own.
+    patch_id = "vllm.compressed_tensors_nvfp4_moe_refit" if kind == "moe" else "vllm.compressed_tensors_nvfp4_refit"
     format_refits_under_a_captured_graph(
-        "vllm.compressed_tensors_nvfp4_refit", kind, lambda: build(a16, hidden=HIDDEN, intermediate=INTERMEDIATE),
+        patch_id, kind, lambda: build(a16, hidden=HIDDEN, intermediate=INTERMEDIATE),
         states, vllm_config, hidden=HIDDEN, down_features=INTERMEDIATE, experts=EXPERTS,
         label=f"{kind} {'w4a16' if a16 else 'w4a4'}", placeholders=placeholders)
