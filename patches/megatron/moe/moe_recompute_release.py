@@ -24,17 +24,14 @@ from patchkit import Patch, Variant, Wrap
 
 from .._constants import MEGATRON_CORE, TOKEN_DISPATCHER
 
-
-def _installs(flex_wrapper: str) -> tuple[Wrap, ...]:
-    """The three dispatchers' ``combine_postprocess``; the flex one with the release's managers."""
-    return (
-        Wrap(f"{TOKEN_DISPATCHER}:MoEAlltoAllTokenDispatcher.combine_postprocess",
-             "._moe_recompute_release:wrap_alltoall_combine_postprocess"),
-        Wrap(f"{TOKEN_DISPATCHER}:MoEAllGatherTokenDispatcher.combine_postprocess",
-             "._moe_recompute_release:wrap_allgather_combine_postprocess"),
-        Wrap(f"{TOKEN_DISPATCHER}:MoEFlexTokenDispatcher.combine_postprocess", flex_wrapper),
-    )
-
+#: The all-to-all and all-gather dispatchers' wraps, the same on every release.
+_ALLTOALL_AND_ALLGATHER = (
+    Wrap(f"{TOKEN_DISPATCHER}:MoEAlltoAllTokenDispatcher.combine_postprocess",
+         "._moe_recompute_release:wrap_alltoall_combine_postprocess"),
+    Wrap(f"{TOKEN_DISPATCHER}:MoEAllGatherTokenDispatcher.combine_postprocess",
+         "._moe_recompute_release:wrap_allgather_combine_postprocess"),
+)
+_FLEX = f"{TOKEN_DISPATCHER}:MoEFlexTokenDispatcher.combine_postprocess"
 
 PATCHES = (
     Patch(
@@ -65,17 +62,23 @@ PATCHES = (
             Variant(
                 label="release-after-combine",
                 requires={"megatron-core": ">=0.14,<0.16"},
-                installs=_installs("._moe_recompute_release:wrap_flex_combine_postprocess_v014"),
+                installs=_ALLTOALL_AND_ALLGATHER + (
+                    Wrap(_FLEX, "._moe_recompute_release:wrap_flex_combine_postprocess_v014"),
+                ),
             ),
             Variant(
                 label="release-after-combine-hybridep",
                 requires={"megatron-core": ">=0.16,<0.19"},
-                installs=_installs("._moe_recompute_release:wrap_flex_combine_postprocess_v016"),
+                installs=_ALLTOALL_AND_ALLGATHER + (
+                    Wrap(_FLEX, "._moe_recompute_release:wrap_flex_combine_postprocess_v016"),
+                ),
             ),
             Variant(
                 label="release-after-combine-ncclep",
                 requires={"megatron-core": ">=0.19,<0.20"},
-                installs=_installs("._moe_recompute_release:wrap_flex_combine_postprocess_v019"),
+                installs=_ALLTOALL_AND_ALLGATHER + (
+                    Wrap(_FLEX, "._moe_recompute_release:wrap_flex_combine_postprocess_v019"),
+                ),
             ),
         ),
     ),
