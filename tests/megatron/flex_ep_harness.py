@@ -156,9 +156,10 @@ class CpuHybridEPBuffer:
         return combined, combined_probs
 
 
-def _applying(function: Any) -> Callable[..., Any]:
+def _applying(function: Any, contiguous_x: bool = False) -> Callable[..., Any]:
     """Call ``function.apply`` with the arguments bound to its ``forward``'s parameters, in order
-    (what upstream's ``fused_dispatch``, ``hybrid_ep_dispatch``... do when ``deep_ep`` imports)."""
+    (what upstream's ``fused_dispatch``, ``hybrid_ep_dispatch``... do when ``deep_ep`` imports;
+    ``fused_dispatch`` alone passes ``x.contiguous()``)."""
     signature = inspect.signature(function.forward)
     parameters = list(signature.parameters.values())[1:]  # ctx
     unbound = signature.replace(parameters=parameters)
@@ -166,7 +167,7 @@ def _applying(function: Any) -> Callable[..., Any]:
     def call(*args: Any, **kwargs: Any) -> Any:
         bound = unbound.bind(*args, **kwargs)
         bound.apply_defaults()
-        if "x" in bound.arguments and isinstance(bound.arguments["x"], torch.Tensor):
+        if contiguous_x:
             bound.arguments["x"] = bound.arguments["x"].contiguous()
         return function.apply(*bound.args)
 
@@ -183,7 +184,8 @@ def cpu_flex_ep() -> Iterator[None]:
         patch(mock.patch.object(fused_a2a, "get_buffer", lambda group, hidden_bytes: CpuDeepEPBuffer(group)))
         patch(mock.patch.object(fused_a2a, "EventOverlap", _Done, create=True))
         patch(mock.patch.object(fused_a2a, "EventHandle", _Done, create=True))
-        patch(mock.patch.object(token_dispatcher, "fused_dispatch", _applying(fused_a2a.FusedDispatch)))
+        dispatch = _applying(fused_a2a.FusedDispatch, contiguous_x=True)
+        patch(mock.patch.object(token_dispatcher, "fused_dispatch", dispatch))
         patch(mock.patch.object(token_dispatcher, "fused_combine", _applying(fused_a2a.FusedCombine)))
         patch(mock.patch.object(token_dispatcher, "set_deepep_num_sms", lambda num_sms: None))
         if hasattr(fused_a2a, "HybridEPDispatch"):  # 0.16 and later
