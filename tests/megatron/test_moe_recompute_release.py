@@ -9,12 +9,19 @@ MTP layers (recomputed through ``megatron.mtp_recompute``) included.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterator
 
 import pytest
 import torch
-from patchkit.patches.megatron.moe._checks._moe_recompute_probe import Step, build_moe_gpt, train_step
+from patchkit.patches.megatron.moe._checks._moe_recompute_probe import (
+    SHARED_EXPERT_CACHES,
+    Step,
+    build_moe_gpt,
+    step_tensors,
+    train_step,
+)
 
 import patchkit
 from patchkit.selfcheck import upstream_behaviour
@@ -53,9 +60,56 @@ def _assert_bit_equal(patched: Step, upstream: Step) -> None:
 
 
 def test_patch_is_applied_on_every_release(megatron_cpu):
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    release = Version(version("megatron-core"))
+    expected = ("release-after-combine-ncclep" if release >= Version("0.19") else
+                "release-after-combine-hybridep" if release >= Version("0.16") else "release-after-combine")
     with patchkit.applied(PATCH) as (status,):
         record = status.to_dict()
-    assert (record["state"], record["variant"]) == ("applied", "release-after-combine")
+    assert (record["state"], record["variant"]) == ("applied", expected)
+
+
+#: What each dispatcher keeps from a step besides its probs (NeMo-RL clears these before a refit).
+STEP_MAPS = {"alltoall": ["token_dispatcher.reversed_local_input_permutation_mapping", "token_dispatcher.routing_map"],
+             "allgather": ["token_dispatcher.local_map", "token_dispatcher.reversed_local_input_permutation_mapping"]}
+
+
+@pytest.mark.parametrize("dispatcher", DISPATCHERS)
+def test_routing_maps_and_mappings_are_released_after_combine(moe_cpu, dispatcher):
+    """Upstream keeps the step's routing map and permutation mapping until the next forward; patched,
+    the dispatcher holds neither (nor its probs) once the step is done."""
+    def held(model: object) -> set[str]:
+        train_step(model)
+        return {name for names in step_tensors(model).values() for name in names}
+
+    with patchkit.applied(PATCH):
+        patched = held(build_moe_gpt(dispatcher))
+        with upstream_behaviour(PATCH):
+            upstream = held(build_moe_gpt(dispatcher))
+    assert set(STEP_MAPS[dispatcher]) <= upstream
+    assert not patched & (set(STEP_MAPS[dispatcher]) | {f"token_dispatcher.{HOLDER[dispatcher].split('.')[-1]}"})
+
+
+def test_shared_expert_overlap_caches_do_not_outlive_backward(moe_cpu):
+    """Shared experts overlapped with the all-to-all dispatch, full recompute: upstream drops each overlap
+    cache where it is consumed, so neither run keeps one; with the patch nothing with autograd
+    history is reachable, and loss and gradients are upstream's."""
+    overlap = {"moe_shared_expert_intermediate_size": 32, "moe_shared_expert_overlap": True}
+    runs = {}
+    with patchkit.applied(PATCH):
+        for side in ("patched", "upstream"):
+            with upstream_behaviour(PATCH) if side == "upstream" else contextlib.nullcontext():
+                model = build_moe_gpt("alltoall", config=overlap)
+                runs[side] = (train_step(model), step_tensors(model))
+                assert all(model.decoder.layers[i].mlp.shared_experts is not None for i in (0, 1))
+    (patched, patched_held), (upstream, upstream_held) = runs["patched"], runs["upstream"]
+    caches = {f"shared_experts.{cache}" for cache in SHARED_EXPERT_CACHES}
+    assert not any(caches & set(names) for held in (patched_held, upstream_held) for names in held.values())
+    assert upstream.held.holders() and patched.held.holders() == []
+    _assert_bit_equal(patched, upstream)
 
 
 @pytest.mark.parametrize("dispatcher", DISPATCHERS)

@@ -11,7 +11,7 @@ What remains is what a step left behind, counted as unique storages and their by
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,33 +22,39 @@ from ..._checks._tiny_gpt import make_batch
 NUM_EXPERTS = 8
 TOPK = 2
 RECOMPUTE = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+#: The shared expert's overlap caches (``SharedExpertMLP`` with ``moe_shared_expert_overlap``).
+SHARED_EXPERT_CACHES = ("cached_fc1_input", "cached_fc2_input", "cached_fc2_output", "cached_output", "gate_score")
+#: Dispatcher state that lives across steps by design: HybridEP's over-budget flag (0.18+), accumulated
+#: over steps until ``reset_over_budget``.
+PERSISTENT_TENSORS = frozenset({"token_dispatcher._comm_manager.over_budget"})
 
 
 def build_moe_gpt(dispatcher: str = "alltoall", recompute: bool = True, mtp_num_layers: int | None = None,
-                  seed: int = 0) -> Any:
+                  seed: int = 0, config: Mapping[str, Any] | None = None) -> Any:
     """2-layer, hidden-64 GPT whose MLPs are 8-expert top-2 MoE layers (MTP layers too, if asked).
 
-    ``dispatcher`` is upstream's ``moe_token_dispatcher_type`` (``"alltoall"`` or ``"allgather"``);
-    ``recompute`` turns on full recompute of every layer (``recompute_granularity='full'``).
+    ``dispatcher`` is upstream's ``moe_token_dispatcher_type`` (``"alltoall"``, ``"allgather"`` or
+    ``"flex"``); ``recompute`` turns on full recompute of every layer (``recompute_granularity='full'``);
+    ``config`` adds ``TransformerConfig`` fields (the flex backend, shared experts and their overlap...).
     """
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec, get_gpt_mtp_block_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    config = TransformerConfig(
+    transformer_config = TransformerConfig(
         num_layers=2, hidden_size=64, ffn_hidden_size=32, num_attention_heads=4, use_cpu_initialization=True,
         hidden_dropout=0.0, attention_dropout=0.0, params_dtype=torch.float32, add_bias_linear=False,
         num_moe_experts=NUM_EXPERTS, moe_router_topk=TOPK, moe_token_dispatcher_type=dispatcher,
         mtp_num_layers=mtp_num_layers, mtp_loss_scaling_factor=0.1 if mtp_num_layers else None,
-        **(RECOMPUTE if recompute else {}),
+        **(RECOMPUTE if recompute else {}), **(config or {}),
     )
     layer_spec = get_gpt_layer_local_spec(num_experts=NUM_EXPERTS, moe_grouped_gemm=False)
     extra: dict[str, Any] = {}
     if mtp_num_layers:
-        extra["mtp_block_spec"] = get_gpt_mtp_block_spec(config, layer_spec, use_transformer_engine=False)
+        extra["mtp_block_spec"] = get_gpt_mtp_block_spec(transformer_config, layer_spec, use_transformer_engine=False)
     torch.manual_seed(seed)
-    return GPTModel(config=config, transformer_layer_spec=layer_spec, vocab_size=128, max_sequence_length=16,
-                    **extra)
+    return GPTModel(config=transformer_config, transformer_layer_spec=layer_spec, vocab_size=128,
+                    max_sequence_length=16, **extra)
 
 
 @dataclass
@@ -105,6 +111,26 @@ def held_by(model: Any) -> Held:
             storage = obj.untyped_storage()
             if storage.nbytes():
                 held.storages[storage.data_ptr()] = storage.nbytes()
+    return held
+
+
+def step_tensors(model: Any) -> dict[str, list[str]]:
+    """By MoE layer: the tensors its dispatcher, the flex dispatcher's communication manager and its shared
+    experts' overlap caches hold (what a step may leave there; :data:`PERSISTENT_TENSORS` left out)."""
+    held: dict[str, list[str]] = {}
+    for name, module in model.named_modules():
+        dispatcher = getattr(module, "token_dispatcher", None)
+        if dispatcher is None:
+            continue
+        owners = {"token_dispatcher": dispatcher,
+                  "token_dispatcher._comm_manager": getattr(dispatcher, "_comm_manager", None)}
+        names = [f"{owner}.{attribute}" for owner, obj in owners.items() if obj is not None
+                 for attribute, value in vars(obj).items() if isinstance(value, torch.Tensor)]
+        shared = getattr(module, "shared_experts", None)
+        if shared is not None:
+            names += [f"shared_experts.{cache}" for cache in SHARED_EXPERT_CACHES
+                      if isinstance(getattr(shared, cache, None), torch.Tensor)]
+        held[name] = sorted(set(names) - PERSISTENT_TENSORS)
     return held
 
 
