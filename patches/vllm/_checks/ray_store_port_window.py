@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from patchkit.selfcheck import CheckContext, expect
 
-from ._ray_boundary import require_ray, free_port_base, store_and_queue_ports
+from ._ray_boundary import free_port_base, require_ray, store_and_queue_ports
 
 
 def check_ray_store_port_window(context: CheckContext) -> None:

@@ -8,7 +8,7 @@ import sys
 
 from patchkit.selfcheck import CheckContext, expect
 
-from ._ray_boundary import require_ray, environment, v1_worker_options
+from ._ray_boundary import environment, require_ray, v1_worker_options
 
 #: The value the check gives Ray's uv switch, to find it in the workers' environment.
 SWITCH = "RAY_ENABLE_UV_RUN_RUNTIME_ENV"
