@@ -2,18 +2,16 @@
 past the broadcast queue's ports.
 
 vLLM picks both ports with a probe from ``VLLM_PORT`` (``vllm.utils.network_utils._get_open_port``): the
-store's first, released at once, then the queue's, bound at once: the same port. Here the store's search runs
-over :data:`STORE_PORT_OFFSET` .. :data:`STORE_PORT_OFFSET` + :data:`STORE_PORT_WINDOW` - 1 ports past
-``VLLM_PORT``, before vLLM's own choice (0.25-0.28 try a data-parallel window first, which for an engine that
-is not data-parallel starts at port 100 and ends at ``VLLM_PORT``); vLLM's choice stands when ``VLLM_PORT`` is
-unset or every port of the window is taken.
+store's first, released at once, then the queue's, bound at once: the same port. Here the module's ``get_open_port``
+searches :data:`STORE_PORT_OFFSET` .. :data:`STORE_PORT_OFFSET` + :data:`STORE_PORT_WINDOW` - 1 ports past
+``VLLM_PORT`` (0.25-0.28 call it after their data-parallel window, which for an engine that is not
+data-parallel starts at port 100 and, where ports below 1024 cannot be bound, fails); vLLM's
+``get_open_port()`` stands when ``VLLM_PORT`` is unset or every port of the window is taken.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
-from typing import Callable
 
 from vllm.utils.network_utils import get_open_port
 
@@ -44,18 +42,8 @@ def port_in_window() -> int | None:
 
 
 def store_port() -> int:
-    """``get_open_port()`` as 0.24's ``RayExecutorV2._init_executor`` calls it for the TCPStore (the module's
-    only call): a port of the store's window, else vLLM's ``get_open_port()``."""
+    """``get_open_port()`` as ``ray_executor_v2`` calls it, only ever for the TCPStore (0.24's
+    ``_init_executor``; 0.25-0.28's ``_select_tcpstore_port`` when the engine is not data-parallel or its
+    data-parallel window is full): a port of the store's window, else vLLM's ``get_open_port()``."""
     port = port_in_window()
     return get_open_port() if port is None else port
-
-
-def wrap_select_tcpstore_port(original: Callable[[int | None, int], int]) -> Callable[[int | None, int], int]:
-    """``RayExecutorV2._select_tcpstore_port`` (0.25-0.28, a static method) trying the store's window first."""
-
-    @functools.wraps(original)
-    def _select_tcpstore_port(local_dp_rank: int | None, master_port: int) -> int:
-        port = port_in_window()
-        return original(local_dp_rank, master_port) if port is None else port
-
-    return _select_tcpstore_port

@@ -11,19 +11,24 @@ takes the very port the probe released, and the rank-0 worker's store fails with
 ``data_parallel_master_port + 100``: port 100 for an engine that is not data-parallel
 (``ParallelConfig`` leaves it rank 0 with master port 0), privileged, so it falls back to ``VLLM_PORT``.
 
-With ``VLLM_PORT`` set, the patch searches the store's port in ``VLLM_PORT + 32`` to ``VLLM_PORT + 63``
-first, past the queue's search, inside the 100 ports an engine is given from ``VLLM_PORT``; vLLM's own choice
-when that window is full or ``VLLM_PORT`` is unset. From 0.29 the rank-0 worker binds its TCPStore on port 0
-and keeps it open until ``init_process_group`` uses it (``create_dist_init_method``): no probe, ``native``.
+With ``VLLM_PORT`` set, the patch makes the module's ``get_open_port`` (its only uses are the store's port:
+0.24's inline call, 0.25-0.28's non-data-parallel branch and fallback) search ``VLLM_PORT + 32`` to
+``VLLM_PORT + 63`` first, past the queue's search, inside the 100 ports an engine is given from
+``VLLM_PORT``; vLLM's own ``get_open_port()`` when that window is full or ``VLLM_PORT`` is unset. vLLM's
+data-parallel window of 0.25-0.28 is still tried first: a process that may bind ports below 1024 (root)
+keeps the port it finds there, and co-located data-parallel engines keep their disjoint windows. From
+0.29 the rank-0 worker binds its TCPStore on port 0 and keeps it open until ``init_process_group`` uses it
+(``create_dist_init_method``): no probe, ``native``.
 
-Ranges: the probe read in ``ray_executor_v2.py`` of 0.24.0 (inline ``get_open_port()``, the module's only
-use of that name), and 0.25.0, 0.25.1, 0.26.0, 0.27.0, 0.28.0 (``_select_tcpstore_port``); tested on 0.24.0.
-The port-0 store read in 0.29.0 to 0.33.0, tested on 0.29.0 and 0.33.0.
+Ranges: the probe read in ``ray_executor_v2.py`` of 0.24.0 (inline ``get_open_port()``) and 0.25.0, 0.25.1,
+0.26.0, 0.27.0, 0.28.0 (one file, ``_select_tcpstore_port``); tested on 0.24.0, and the 0.25.0 file run
+on 0.24's vLLM (the two differ only in the store's port) by hand. The port-0 store read in 0.29.0 to
+0.33.0, tested on 0.29.0 and 0.33.0.
 """
 
 from __future__ import annotations
 
-from patchkit import Patch, Replace, Variant, Wrap
+from patchkit import Patch, Replace, Variant
 
 RAY_EXECUTOR_V2 = "vllm.v1.executor.ray_executor_v2"
 
@@ -32,8 +37,8 @@ PATCHES = (
         id="vllm.ray_store_port_window",
         self_check="._checks.ray_store_port_window:check_ray_store_port_window",
         summary=(
-            "vLLM's RayExecutorV2 (0.24-0.28) searches its TCPStore port from VLLM_PORT + 32 (32 ports), past "
-            "the broadcast queue's search from VLLM_PORT, so the two never take the same port."
+            "vLLM's RayExecutorV2 (0.24-0.28) searches its TCPStore port from VLLM_PORT + 32 (32 ports) where "
+            "it would search from VLLM_PORT, past the broadcast queue's search, so the two never take one port."
         ),
         why=(
             "RayExecutorV2 probes the store's port, then builds the broadcast queue, which binds the first free "
@@ -45,17 +50,9 @@ PATCHES = (
         version_modules={"vllm": "vllm"},
         variants=(
             Variant(
-                requires={"vllm": ">=0.24,<0.25"},
+                requires={"vllm": ">=0.24,<0.29"},
                 installs=(
                     Replace(f"{RAY_EXECUTOR_V2}:get_open_port", "._ray_store_port_window:store_port"),
-                ),
-                label="store-port-window-inline",
-            ),
-            Variant(
-                requires={"vllm": ">=0.25,<0.29"},
-                installs=(
-                    Wrap(f"{RAY_EXECUTOR_V2}:RayExecutorV2._select_tcpstore_port",
-                         "._ray_store_port_window:wrap_select_tcpstore_port"),
                 ),
                 label="store-port-window",
             ),

@@ -112,6 +112,12 @@ def test_the_command_verifies_every_vllm_patch_in_a_fresh_process_without_the_te
                               (FP8_ONLINE_MOE, (VERIFIED, "needs_gpu", "not_applicable"))):
         verdict = verdicts.pop(patch_id)
         assert verdict[0] in allowed, (patch_id, verdict)
+    # The Ray executor patches: without Ray installed (these environments) vLLM's Ray executors cannot run, and
+    # the checks say so (not applicable); 0.33's native runtime-env check needs only vLLM's env-var helper.
+    for patch_id in ("vllm.ray_worker_runtime_env", "vllm.ray_store_port_window"):
+        verdict = verdicts.pop(patch_id)
+        assert verdict[0] in (VERIFIED, "not_applicable"), (patch_id, verdict)
+        assert verdict[0] == VERIFIED or "Ray is not installed" in verdict[1], (patch_id, verdict)
     assert {k: v[0] for k, v in verdicts.items()} == expected, verdicts
     assert done.returncode == 0
 
