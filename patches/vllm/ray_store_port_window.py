@@ -11,12 +11,13 @@ takes the very port the probe released, and the rank-0 worker's store fails with
 ``data_parallel_master_port + 100``: port 100 for an engine that is not data-parallel
 (``ParallelConfig`` leaves it rank 0 with master port 0), privileged, so it falls back to ``VLLM_PORT``.
 
-With ``VLLM_PORT`` set, the patch makes the module's ``get_open_port`` (its only uses are the store's port:
-0.24's inline call, 0.25-0.28's non-data-parallel branch and fallback) search ``VLLM_PORT + 32`` to
-``VLLM_PORT + 63`` first, past the queue's search, inside the 100 ports an engine is given from
-``VLLM_PORT``; vLLM's own ``get_open_port()`` when that window is full or ``VLLM_PORT`` is unset. vLLM's
-data-parallel window of 0.25-0.28 is still tried first: a process that may bind ports below 1024 (root)
-keeps the port it finds there, and co-located data-parallel engines keep their disjoint windows. From
+With ``VLLM_PORT`` set, the patch searches the store's port in ``VLLM_PORT + 32`` to ``VLLM_PORT + 63``
+first, past the queue's search, inside the 100 ports an engine is given from ``VLLM_PORT``: the module's
+``get_open_port`` (its only use is the store's port) is replaced, and on 0.25-0.28 ``_select_tcpstore_port``
+tries the window before vLLM's data-parallel window when the engine is not data-parallel (NeMo-RL's order,
+for every engine it builds). A data-parallel engine (a master port) keeps vLLM's disjoint per-rank windows
+first, the store's window after them; ``PATCHKIT_RAY_STORE_PORT_WINDOW=always`` puts the window first for it
+too, as NeMo-RL does. vLLM's ``get_open_port()`` when ``VLLM_PORT`` is unset or the window is full. From
 0.29 the rank-0 worker binds its TCPStore on port 0 and keeps it open until ``init_process_group`` uses it
 (``create_dist_init_method``): no probe, ``native``.
 
@@ -28,7 +29,7 @@ on 0.24's vLLM (the two differ only in the store's port) by hand. The port-0 sto
 
 from __future__ import annotations
 
-from patchkit import Patch, Replace, Variant
+from patchkit import Call, Patch, Replace, Variant
 
 RAY_EXECUTOR_V2 = "vllm.v1.executor.ray_executor_v2"
 
@@ -37,8 +38,9 @@ PATCHES = (
         id="vllm.ray_store_port_window",
         self_check="._checks.ray_store_port_window:check_ray_store_port_window",
         summary=(
-            "vLLM's RayExecutorV2 (0.24-0.28) searches its TCPStore port from VLLM_PORT + 32 (32 ports) where "
-            "it would search from VLLM_PORT, past the broadcast queue's search, so the two never take one port."
+            "vLLM's RayExecutorV2 (0.24-0.28) searches its TCPStore port from VLLM_PORT + 32 (32 ports), past "
+            "the broadcast queue's search from VLLM_PORT, so the two never take one port "
+            "(PATCHKIT_RAY_STORE_PORT_WINDOW for data-parallel engines)."
         ),
         why=(
             "RayExecutorV2 probes the store's port, then builds the broadcast queue, which binds the first free "
@@ -53,6 +55,8 @@ PATCHES = (
                 requires={"vllm": ">=0.24,<0.29"},
                 installs=(
                     Replace(f"{RAY_EXECUTOR_V2}:get_open_port", "._ray_store_port_window:store_port"),
+                    Call("._ray_store_port_window:install_window_before_dp_window",
+                         "._ray_store_port_window:uninstall_window_before_dp_window", after=RAY_EXECUTOR_V2),
                 ),
                 label="store-port-window",
             ),

@@ -93,3 +93,18 @@ def test_native_from_0_29_the_worker_binds_its_store_on_a_port_of_its_own():
     assert seen["records"][STORE_PORT]["reason"] == "native", seen["records"]
     assert seen["store_port"] != seen["queue_port"], seen
     assert seen["store_error"] is None, seen
+
+
+def test_the_window_comes_before_vllms_data_parallel_window_for_engines_that_are_not_data_parallel(monkeypatch):
+    """0.25-0.28's order (run there by the executor's ``_select_tcpstore_port``): an engine without a data-parallel
+    master port (NeMo-RL's every engine: rank 0, master port 0) searches the window first; a data-parallel one keeps
+    vLLM's per-rank windows first unless ``PATCHKIT_RAY_STORE_PORT_WINDOW=always``."""
+    from patchkit.patches.vllm._ray_store_port_window import window_before_vllms_dp_window
+
+    monkeypatch.delenv("PATCHKIT_RAY_STORE_PORT_WINDOW", raising=False)
+    assert window_before_vllms_dp_window(None, 0) and window_before_vllms_dp_window(0, 0)
+    assert not window_before_vllms_dp_window(1, 29500)
+    monkeypatch.setenv("PATCHKIT_RAY_STORE_PORT_WINDOW", "always")
+    assert window_before_vllms_dp_window(1, 29500)
+    monkeypatch.setenv("PATCHKIT_RAY_STORE_PORT_WINDOW", "sometimes")
+    assert not window_before_vllms_dp_window(1, 29500)
