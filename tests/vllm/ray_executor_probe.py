@@ -2,7 +2,7 @@
 vLLM's executors are imported, apply the named patches (none: vLLM as released), run one probe of
 ``patchkit/patches/vllm/_checks/_ray_boundary.py`` and print its result as JSON on the last line.
 
-    python ray_executor_probe.py {worker-options|ports} [PATCH_ID ...]
+    python ray_executor_probe.py {worker-options|ports|doctor} [PATCH_ID ...]
 """
 
 from __future__ import annotations
@@ -24,6 +24,11 @@ def main(probe: str, patch_ids: list[str]) -> object:
         patchkit.apply_all(enable=patch_ids)
     from patchkit.patches.vllm._checks import _ray_boundary
 
+    if probe == "doctor":  # the patches' self-checks, as `patchkit doctor --patch ...` runs them
+        from patchkit.doctor import run
+
+        verdicts, _ = run(patch_ids, device="cpu")
+        return {verdict.id: [verdict.verdict, verdict.message] for verdict in verdicts}
     if probe == "worker-options":
         options = _ray_boundary.v1_worker_options()
         seen = {"runtime_env": options.get("runtime_env"), "python": sys.executable}

@@ -108,3 +108,10 @@ def test_the_window_comes_before_vllms_data_parallel_window_for_engines_that_are
     assert window_before_vllms_dp_window(1, 29500)
     monkeypatch.setenv("PATCHKIT_RAY_STORE_PORT_WINDOW", "sometimes")
     assert not window_before_vllms_dp_window(1, 29500)
+
+
+def test_the_self_checks_verify_both_patches_on_vllms_own_executors():
+    """``patchkit doctor`` in a process where Ray's names import: each check runs vLLM's executor code."""
+    verdicts = _probe("doctor", RUNTIME_ENV, STORE_PORT)
+    assert verdicts == {RUNTIME_ENV: ["verified", verdicts[RUNTIME_ENV][1]],
+                        STORE_PORT: ["verified", verdicts[STORE_PORT][1]]}, verdicts

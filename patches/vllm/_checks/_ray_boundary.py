@@ -113,10 +113,10 @@ def environment(**values: str | None) -> Iterator[None]:
 def require_ray() -> None:
     """Raise :class:`MissingDependency` when ``ray`` cannot be imported: vLLM's Ray executors cannot run
     (``ray_executor_v2.py`` does not even import) and the Ray patches change nothing."""
-    import importlib.util
-
-    if importlib.util.find_spec("ray") is None:
-        raise MissingDependency("Ray is not installed: vLLM's Ray executors cannot run in this process")
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise MissingDependency("Ray is not installed: vLLM's Ray executors cannot run in this process") from None
 
 
 def v1_worker_options() -> dict[str, Any]:
