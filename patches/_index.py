@@ -26,7 +26,7 @@ FOLDERS = {
     'megatron.router_replay': ('moe_alltoall_replay_token_count.py', 'router_replay.py', 'router_replay_validation.py', 'routing_replay_keyword.py'),
     'modelopt': ('max_calibrator_nan_safe.py', 'qat', 'vllm_plugin_class_keys.py'),
     'modelopt.qat': ('nvfp4_cpu_fake_quant.py',),
-    'vllm': ('eagle3_own_lm_head.py', 'engine_client_send_lock.py', 'logits', 'lora', 'moe_expert_weight_loaders.py', 'nvfp4_marlin_w4a16.py', 'openai_namespace_tool.py', 'qwen3_5_text_config_defaults.py', 'radio_layerscale_loader.py', 'refit', 'serve_signals_main_thread.py', 'shm_broadcast_bind_retry.py'),
+    'vllm': ('eagle3_own_lm_head.py', 'engine_client_send_lock.py', 'logits', 'lora', 'moe_expert_weight_loaders.py', 'nvfp4_marlin_w4a16.py', 'openai_namespace_tool.py', 'qwen3_5_text_config_defaults.py', 'radio_layerscale_loader.py', 'ray_store_port_window.py', 'ray_worker_runtime_env.py', 'refit', 'serve_signals_main_thread.py', 'shm_broadcast_bind_retry.py'),
     'vllm.logits': (),
     'vllm.lora': ('lora_from_tensors.py',),
     'vllm.refit': ('compressed_tensors_nvfp4_moe_refit.py', 'compressed_tensors_nvfp4_refit.py', 'fp8_online_moe_refit.py', 'fp8_online_pow2_scales.py', 'fp8_online_refit.py', 'fp8_refit.py', 'mxfp4_moe_refit.py', 'mxfp8_refit.py', 'nvfp4_refit.py'),
@@ -111,6 +111,8 @@ DECLARED_IN = {
     'vllm.openai_namespace_tool': 'vllm.openai_namespace_tool',
     'vllm.qwen3_5_text_config_defaults': 'vllm.qwen3_5_text_config_defaults',
     'vllm.radio_layerscale_loader': 'vllm.radio_layerscale_loader',
+    'vllm.ray_store_port_window': 'vllm.ray_store_port_window',
+    'vllm.ray_worker_runtime_env': 'vllm.ray_worker_runtime_env',
     'vllm.serve_signals_main_thread': 'vllm.serve_signals_main_thread',
     'vllm.shm_broadcast_bind_retry': 'vllm.shm_broadcast_bind_retry',
 }
@@ -170,6 +172,8 @@ UPSTREAM = {
     'vllm.openai_namespace_tool': 6,
     'vllm.qwen3_5_text_config_defaults': 5,
     'vllm.radio_layerscale_loader': 5,
+    'vllm.ray_store_port_window': 5,
+    'vllm.ray_worker_runtime_env': 5,
     'vllm.serve_signals_main_thread': 5,
     'vllm.shm_broadcast_bind_retry': 5,
 }
@@ -229,6 +233,8 @@ WAITS_FOR = {
     'vllm.openai_namespace_tool': ('vllm', 'openai.types.responses'),
     'vllm.qwen3_5_text_config_defaults': ('vllm',),
     'vllm.radio_layerscale_loader': ('vllm.model_executor.models.radio',),
+    'vllm.ray_store_port_window': ('vllm.v1.executor.ray_executor_v2', 'vllm'),
+    'vllm.ray_worker_runtime_env': ('vllm.v1.executor.ray_executor', 'vllm'),
     'vllm.serve_signals_main_thread': ('vllm.entrypoints.cli.serve',),
     'vllm.shm_broadcast_bind_retry': ('vllm.distributed.device_communicators.shm_broadcast', 'vllm'),
 }

@@ -3,7 +3,8 @@
 A patch declares ``self_check=".module:function"`` (resolved like its actions). The function takes a
 :class:`CheckContext` and returns normally when the patch does its job on the installed upstream, or
 raises :class:`SelfCheckFailed` saying what was expected and what came back. A check that can only run
-on a GPU calls :meth:`CheckContext.require_cuda`. The same functions are called by the test suite, so a
+on a GPU calls :meth:`CheckContext.require_cuda`; one whose upstream code needs a package that is not
+installed raises :class:`MissingDependency`. The same functions are called by the test suite, so a
 check and its test are one piece of code.
 
 Nothing here imports torch or an upstream: check modules import those themselves.
@@ -31,6 +32,11 @@ class SelfCheckFailed(PatchkitError, AssertionError):
 
 class NeedsGPU(PatchkitError):
     """The check can only run on a CUDA device, and the doctor runs on the CPU."""
+
+
+class MissingDependency(PatchkitError):
+    """The code the patch changes cannot run in this process (a package it needs is not installed): the
+    doctor reports the patch ``not_applicable`` with this message."""
 
 
 class CheckContext(NamedTuple):

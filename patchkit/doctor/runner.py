@@ -35,7 +35,7 @@ from ..runtime.drift import RecordSource
 from ..runtime.engine import Engine
 from ..runtime.errors import ConfigError, UnknownPatchError
 from ..runtime.status import PatchStatus, Reason, State
-from ..selfcheck import CheckContext, NeedsGPU, SelfCheckFailed
+from ..selfcheck import CheckContext, MissingDependency, NeedsGPU, SelfCheckFailed
 from ..upstream_output import Captured, captured
 from . import environment
 
@@ -240,6 +240,8 @@ def examine(registered: Registered, status: PatchStatus, device: str, timeout: f
         return Verdict(patch.id, VERIFIED, what, status, seconds, prints)
     if isinstance(error, NeedsGPU):
         return Verdict(patch.id, NEEDS_GPU, str(error), status, seconds, prints)
+    if isinstance(error, MissingDependency):
+        return Verdict(patch.id, NOT_APPLICABLE, str(error), status, seconds, prints)
     return Verdict(patch.id, FAILED, _describe(error), status, seconds, prints)
 
 

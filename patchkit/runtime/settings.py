@@ -62,6 +62,7 @@ DEFAULT_GRAD_ALLREDUCE_CHUNK_BYTES = 1 << 30
 
 MTP_OUTPUT_HEAD = "PATCHKIT_MTP_OUTPUT_HEAD"
 MTP_WITHOUT_LABELS = "PATCHKIT_MTP_WITHOUT_LABELS"
+RAY_STORE_PORT_WINDOW = "PATCHKIT_RAY_STORE_PORT_WINDOW"
 
 #: Variables a catalogue patch reads (on first use, not at ``apply_all()``), each naming one of a few
 #: choices; parsed here by :func:`choice` like every other ``PATCHKIT_*`` variable. The first choice is
@@ -69,6 +70,7 @@ MTP_WITHOUT_LABELS = "PATCHKIT_MTP_WITHOUT_LABELS"
 CHOICES: Mapping[str, tuple[str, ...]] = {
     MTP_OUTPUT_HEAD: ("detached", "trained"),
     MTP_WITHOUT_LABELS: ("skip", "derive", "derive-mask-as-given"),
+    RAY_STORE_PORT_WINDOW: ("not-data-parallel", "always"),
 }
 
 #: The switches that say which patches may apply: a value that cannot be read at all applies nothing.
