@@ -171,7 +171,7 @@ def test_the_self_check_passes_with_the_patch(patched) -> None:
     check.check_ddp_buffers_without_cpu_backup(CheckContext(PATCH))
 
 
-@pytest.mark.breaks(PATCH)
+@pytest.mark.breaks("megatron.ddp_buffers_without_cpu_backup")
 def test_the_self_check_fails_on_upstreams_ddp(patched) -> None:
     with upstream_behaviour(PATCH), pytest.raises(SelfCheckFailed, match="disable_grad_buffers_cpu_backup"):
         check.check_ddp_buffers_without_cpu_backup(CheckContext(PATCH))

@@ -80,31 +80,33 @@ def recording_saver() -> Iterator[RecordingSaver]:
 class TinyModel(torch.nn.Module):
     """Two linear layers: parameters of two shapes, one bucket."""
 
-    def __init__(self) -> None:
+    def __init__(self, hidden: int = HIDDEN) -> None:
         super().__init__()
-        self.first = torch.nn.Linear(HIDDEN, 2 * HIDDEN)
-        self.second = torch.nn.Linear(2 * HIDDEN, HIDDEN, bias=False)
+        self.hidden = hidden
+        self.first = torch.nn.Linear(hidden, 2 * hidden)
+        self.second = torch.nn.Linear(2 * hidden, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.second(torch.relu(self.first(x)))
 
 
-def build_ddp(distributed_optimizer: bool, **keywords: Any) -> Any:
-    """Upstream's ``DistributedDataParallel`` over a seeded :class:`TinyModel` (float32 on CPU),
-    built with ``keywords``; call inside the CPU harness with Megatron's parallel state up."""
+def build_ddp(distributed_optimizer: bool, hidden: int = HIDDEN, device: str = "cpu", **keywords: Any) -> Any:
+    """Upstream's ``DistributedDataParallel`` over a seeded float32 :class:`TinyModel` on ``device``,
+    built with ``keywords``; call with Megatron's parallel state up (on the CPU: in :func:`cpu_ddp_world`)."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     torch.manual_seed(0)
     config = TransformerConfig(num_layers=1, hidden_size=HIDDEN, num_attention_heads=1)
     ddp_config = DistributedDataParallelConfig(use_distributed_optimizer=distributed_optimizer)
-    return DistributedDataParallel(config, ddp_config, TinyModel(), **keywords)
+    return DistributedDataParallel(config, ddp_config, TinyModel(hidden).to(device), **keywords)
 
 
 def train_step(ddp: Any) -> dict[str, torch.Tensor]:
     """One forward and backward of a fixed batch and the grad sync: every parameter's ``main_grad``."""
     ddp.zero_grad_buffer()
-    batch = torch.randn(4, HIDDEN, generator=torch.Generator().manual_seed(1))
+    first = next(ddp.module.parameters())
+    batch = torch.randn(4, ddp.module.hidden, generator=torch.Generator().manual_seed(1)).to(first.device)
     ddp(batch).square().sum().backward()
     ddp.finish_grad_sync()
     return {name: param.main_grad.clone() for name, param in ddp.module.named_parameters()}
