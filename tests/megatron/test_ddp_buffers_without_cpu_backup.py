@@ -3,7 +3,7 @@
 CPU backup.
 
 torch_memory_saver's regions need CUDA, so the tests put ``RecordingSaver`` (``_checks/_ddp_buffer_regions``)
-in place of its singleton: it records each region entered and the storages allocated inside it, which
+in place of its singleton (or stands in for the module where it is not installed): it records each region entered and the storages allocated inside it, which
 shows which buffer went into which region. Pausing and resuming real regions is
 ``test_ddp_buffers_without_cpu_backup_gpu.py``.
 """
@@ -13,21 +13,18 @@ from __future__ import annotations
 import sys
 
 import pytest
-
-pytest.importorskip("torch_memory_saver")
-
-import torch  # noqa: E402
-from patchkit.patches.megatron import memory  # noqa: E402
-from patchkit.patches.megatron.memory._checks import ddp_buffers_without_cpu_backup as check  # noqa: E402
-from patchkit.patches.megatron.memory._checks._ddp_buffer_regions import (  # noqa: E402
+import torch
+from patchkit.patches.megatron import memory
+from patchkit.patches.megatron.memory._checks import ddp_buffers_without_cpu_backup as check
+from patchkit.patches.megatron.memory._checks._ddp_buffer_regions import (
     build_ddp,
     cpu_ddp_world,
     recording_saver,
     train_step,
 )
 
-import patchkit  # noqa: E402
-from patchkit.selfcheck import CheckContext, SelfCheckFailed, upstream_behaviour  # noqa: E402
+import patchkit
+from patchkit.selfcheck import CheckContext, SelfCheckFailed, upstream_behaviour
 
 PATCH = "megatron.ddp_buffers_without_cpu_backup"
 GRAD = [("grad_buffer", False)]

@@ -5,7 +5,7 @@ torch_memory_saver's regions need CUDA (its allocator hooks the CUDA driver), so
 :class:`RecordingSaver` stands in for it at its API boundary, ``torch_memory_saver.region(tag=...,
 enable_cpu_backup=...)``: it records each region entered and the storages allocated inside it, and
 allocates nothing itself. :func:`recording_saver` puts it in place of the process's singleton for the
-block. The model, ``DistributedDataParallel``, its buffers, bucketing and grad sync are upstream's,
+block (where torch_memory_saver is not installed, in a stand-in module of that name, removed after). The model, ``DistributedDataParallel``, its buffers, bucketing and grad sync are upstream's,
 on a gloo group of one rank with ``torch.cuda.current_device()`` answering ``"cpu"`` (the CPU harness).
 """
 
@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sys
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -66,9 +68,20 @@ class RecordingSaver:
 @contextlib.contextmanager
 def recording_saver() -> Iterator[RecordingSaver]:
     """A :class:`RecordingSaver` as the process's ``torch_memory_saver.torch_memory_saver`` for the block."""
-    import torch_memory_saver as package
-
+    try:
+        import torch_memory_saver as package
+    except ImportError:
+        package = None
     saver = RecordingSaver()
+    if package is None:
+        stand_in = types.ModuleType("torch_memory_saver")
+        stand_in.torch_memory_saver = saver  # type: ignore[attr-defined]
+        sys.modules["torch_memory_saver"] = stand_in
+        try:
+            yield saver
+        finally:
+            sys.modules.pop("torch_memory_saver", None)
+        return
     singleton = package.torch_memory_saver
     package.torch_memory_saver = saver
     try:
