@@ -3,9 +3,9 @@
 CPU backup.
 
 torch_memory_saver's regions need CUDA, so the tests put ``RecordingSaver`` (``_checks/_ddp_buffer_regions``)
-in place of its singleton (or stands in for the module where it is not installed): it records each region entered and the storages allocated inside it, which
-shows which buffer went into which region. Pausing and resuming real regions is
-``test_ddp_buffers_without_cpu_backup_gpu.py``.
+in place of its singleton (or of the module, where it is not installed): it records each region entered
+and the storages allocated inside it, which shows which buffer went into which region. Pausing and
+resuming real regions is ``test_ddp_buffers_without_cpu_backup_gpu.py``.
 """
 
 from __future__ import annotations
@@ -116,6 +116,17 @@ def test_gradients_and_parameters_are_those_without_the_keywords(patched, world,
     for buffer in ddp.buffers:
         assert any(param.main_grad.untyped_storage().data_ptr() == buffer.grad_data.untyped_storage().data_ptr()
                    for param in buffer.params)
+
+
+def test_the_signature_names_both_keywords(patched) -> None:
+    import inspect
+
+    from megatron.core.distributed import DistributedDataParallel
+
+    parameters = inspect.signature(DistributedDataParallel.__init__).parameters
+    for name in ("disable_grad_buffers_cpu_backup", "disable_param_buffers_cpu_backup"):
+        assert parameters[name].default is False
+    assert "ddp_config" in parameters
 
 
 def test_without_the_patch_the_keywords_are_refused(world) -> None:

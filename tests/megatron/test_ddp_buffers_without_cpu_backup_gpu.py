@@ -59,6 +59,10 @@ def test_paused_buffers_release_gpu_memory_and_resume_without_their_contents(meg
     released = _free_bytes() - before
     saver.pause("kept_with_backup")
     released_all = _free_bytes() - before
+    # Write over the memory the pause gave back, so unrestored contents cannot survive by chance.
+    scribble = torch.full((buffer_bytes // 4,), 7.0, device="cuda")
+    del scribble
+    torch.cuda.empty_cache()
     saver.resume("kept_with_backup")
     saver.resume("param_buffer")
     saver.resume("grad_buffer")

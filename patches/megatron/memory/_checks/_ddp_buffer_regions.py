@@ -5,8 +5,9 @@ torch_memory_saver's regions need CUDA (its allocator hooks the CUDA driver), so
 :class:`RecordingSaver` stands in for it at its API boundary, ``torch_memory_saver.region(tag=...,
 enable_cpu_backup=...)``: it records each region entered and the storages allocated inside it, and
 allocates nothing itself. :func:`recording_saver` puts it in place of the process's singleton for the
-block (where torch_memory_saver is not installed, in a stand-in module of that name, removed after). The model, ``DistributedDataParallel``, its buffers, bucketing and grad sync are upstream's,
-on a gloo group of one rank with ``torch.cuda.current_device()`` answering ``"cpu"`` (the CPU harness).
+block (where torch_memory_saver is not installed, in a stand-in module of that name, removed after).
+The model, ``DistributedDataParallel``, its buffers, bucketing and grad sync are upstream's, on a gloo
+group of one rank with ``torch.cuda.current_device()`` answering ``"cpu"`` (the CPU harness).
 """
 
 from __future__ import annotations

@@ -144,6 +144,11 @@ def wrap_ddp_init(original: Callable[..., None]) -> Callable[..., None]:
         finally:
             _REQUEST.reset(token)
 
+    # Callers that pass only the keywords a signature names (config-to-kwargs helpers) see both.
+    keywords = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=False, annotation=bool)
+                for name in (GRAD_KEYWORD, PARAM_KEYWORD)]
+    __init__.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=[*signature.parameters.values(), *keywords])
     return __init__
 
 
