@@ -156,3 +156,22 @@ class HadamardInputError(PatchkitError, ValueError):
             "fast_hadamard_transform, whose signature and limits the fallback keeps, takes float32, "
             "float16 or bfloat16 with a last dimension of 1 to 32768"
         )
+
+
+class BufferRegionError(PatchkitError, ValueError):
+    """DDP buffers without CPU backup were asked for where they cannot be had: with ``nccl_ub`` (the
+    buffers then come from NCCL's own memory pool, which torch_memory_saver cannot pause)."""
+
+
+class TorchMemorySaverMissingError(PatchkitError, ImportError):
+    """DDP buffers without CPU backup were asked for, but torch_memory_saver does not import."""
+
+
+class BufferAllocationMismatchError(PatchkitError, RuntimeError):
+    """``_ParamAndGradBuffer`` allocated its buffers other than the release's code does (a build of
+    megatron-core that changed the allocation block): no buffer is left in the wrong region silently."""
+
+
+class BufferRegionsUnavailableError(PatchkitError, RuntimeError):
+    """``memory.buffers_without_cpu_backup()`` was used while ``megatron.ddp_buffers_without_cpu_backup``
+    is not installed: the DDPs built in the block would keep their CPU backup."""
