@@ -184,9 +184,12 @@ def _status(args: argparse.Namespace) -> int:
                 records = eng.status()
             else:
                 progress = report if (report.isatty() or verbose) else None
-                problems = environment.import_upstreams(eng.status(), upstreams, progress)
+                optional: dict[str, environment.OptionalDependency] = {}
+                problems = environment.import_upstreams(eng.status(), upstreams, progress, optional)
+                # Patches of a module that needs a package not installed here stay waiting, as in a job.
+                leave = [s.id for s in eng.status() if any(m in optional for m in s.waiting_for)]
                 with environment.said_once(problems, upstreams):
-                    records = eng.import_targets()
+                    records = eng.import_targets(leave)
     finally:
         report.close()
     notes = _blocked_notes(records, upstreams, problems)

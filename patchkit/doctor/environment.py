@@ -175,13 +175,26 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
+@dataclass(frozen=True)
+class OptionalDependency:
+    """A module of an upstream that imports only with a package the upstream does not require, which
+    is not installed here (vLLM's Ray executor without Ray): the patches of that module do not apply
+    here, and the upstream itself is fine."""
+
+    module: str
+    missing: str
+
+
 def import_upstreams(statuses: Sequence[PatchStatus], distribution_of: Mapping[str, str],
-                     progress: IO[str] | None = None) -> list[Problem]:
+                     progress: IO[str] | None = None,
+                     optional: dict[str, OptionalDependency] | None = None) -> list[Problem]:
     """Import what the pending patches wait for, one upstream at a time; the upstreams that fail.
 
     ``distribution_of`` maps a patch id to its upstream distribution. With ``progress``, each
     upstream is announced there before its import (``importing megatron-core ...``) and its time
-    given after: importing torch-based upstreams takes seconds each.
+    given after: importing torch-based upstreams takes seconds each. A module that fails only for a
+    missing optional dependency (:func:`missing_optional`) is not the upstream's problem: it goes
+    into ``optional`` (module name -> what is missing) and the upstream's other modules are imported.
     """
     modules: dict[str, list[str]] = {}
     for status in statuses:
@@ -201,6 +214,11 @@ def import_upstreams(statuses: Sequence[PatchStatus], distribution_of: Mapping[s
             try:
                 importlib.import_module(module)
             except Exception as exc:  # noqa: BLE001 - any failure to import is the environment's problem
+                missing = missing_optional(exc, module, dist)
+                if missing is not None:
+                    if optional is not None:
+                        optional[module] = OptionalDependency(module, missing)
+                    continue
                 failed = Problem(dist, distinfo.version(dist), module, _first_line(exc), conflicts([dist]))
                 break
         if progress is not None:
@@ -210,6 +228,66 @@ def import_upstreams(statuses: Sequence[PatchStatus], distribution_of: Mapping[s
         if failed is not None:
             problems.append(failed)
     return problems
+
+
+def missing_optional(exc: BaseException, module: str, distribution: str) -> str | None:
+    """The top-level package whose absence made ``module`` fail to import, when it is not installed
+    and ``distribution`` does not require it (an optional dependency: Ray for vLLM); None otherwise.
+    The package is the one the error names or, for another error, one ``module`` imports (guarded
+    imports, as vLLM guards Ray's). A required dependency missing, a module of the upstream itself
+    missing or an error in a module importing only what is installed is the upstream's problem."""
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        named = [exc.name.split(".", 1)[0]]
+    else:  # vLLM's ray_executor_v2 guards `from ray... import` and fails later, on a name (NameError)
+        named = sorted(_imported_packages(module))
+    required = _required(distribution)
+    for top in named:
+        if top == module.split(".", 1)[0] or _normalized(top) in required or top in sys.stdlib_module_names:
+            continue
+        try:
+            installed = importlib.util.find_spec(top) is not None
+        except (ImportError, ValueError):
+            installed = False
+        if not installed:
+            return top
+    return None
+
+
+def _imported_packages(module: str) -> set[str]:
+    """The top-level packages ``module``'s source imports anywhere (guarded imports included)."""
+    import ast
+
+    try:
+        spec = importlib.util.find_spec(module)
+        source = Path(spec.origin).read_text(encoding="utf-8") if spec and spec.origin else ""
+        tree = ast.parse(source)
+    except (ImportError, ValueError, OSError, SyntaxError):
+        return set()
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".", 1)[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.split(".", 1)[0])
+    return found
+
+
+def _normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _required(distribution: str) -> set[str]:
+    """The names ``distribution`` requires unconditionally (no extra, no marker), normalised."""
+    try:
+        requirements = importlib.metadata.requires(distribution) or []
+    except importlib.metadata.PackageNotFoundError:
+        return set()
+    found = set()
+    for text in requirements:
+        match = _REQUIREMENT.match(text)
+        if match is not None and not (match.group(3) or "").strip():
+            found.add(_normalized(match.group(1)))
+    return found
 
 
 def blocked_by(status: PatchStatus, distribution: str | None, problems: Sequence[Problem]) -> Problem | None:

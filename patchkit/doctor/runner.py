@@ -274,13 +274,18 @@ def run(patterns: Sequence[str] = (), device: str = "auto", timeout: float = DEF
         device = resolve_device(device)
         upstreams = {r.patch.id: upstream_of(r.patch) for r in selected}
         problems: list[environment.Problem] = []
+        optional: dict[str, environment.OptionalDependency] = {}
+        unavailable: dict[str, environment.OptionalDependency] = {}
         if selected:
             ids = [r.patch.id for r in selected]
             engine.apply(*ids)  # opt-ins among them included: they wait for their modules now
             known = {i: d for i, d in upstreams.items() if d}
-            problems = environment.import_upstreams(engine.status(*ids), known, progress)
+            problems = environment.import_upstreams(engine.status(*ids), known, progress, optional)
+            # A patch of a module that needs a package nobody installed here stays waiting: a job
+            # without that package never imports the module, so the patch never applies.
+            unavailable = {s.id: optional[m] for s in engine.status(*ids) for m in s.waiting_for if m in optional}
             with environment.said_once(problems, known):
-                engine.apply(*ids, import_targets=True)
+                engine.apply(*[i for i in ids if i not in unavailable], import_targets=True)
     statuses = {s.id: s for s in engine.status()}
     import_seconds = time.perf_counter() - started
     verdicts = []
@@ -293,6 +298,10 @@ def run(patterns: Sequence[str] = (), device: str = "auto", timeout: float = DEF
             if blocking is not None:
                 verdict = Verdict(registered.patch.id, BLOCKED, f"blocked: {blocking.distribution} does not import "
                                   "(environment problem)", statuses[registered.patch.id])
+            elif registered.patch.id in unavailable:
+                needs = unavailable[registered.patch.id]
+                verdict = Verdict(registered.patch.id, NOT_APPLICABLE, f"{needs.module} imports only with "
+                                  f"{needs.missing}, which is not installed here", statuses[registered.patch.id])
             else:
                 verdict = examine(registered, statuses[registered.patch.id], device, timeout, engine.matrix)
         verdict = verdict._replace(upstream_output=during_check.text)

@@ -260,10 +260,12 @@ class Engine:
         finally:
             self._revert_each([record.id for record in records if record.id not in before], refusals_raise=True)
 
-    def import_targets(self) -> list[PatchStatus]:
-        """Import the modules every pending patch waits for, so it installs now (``patchkit status``)."""
+    def import_targets(self, leave: Iterable[str] = ()) -> list[PatchStatus]:
+        """Import the modules every pending patch waits for, so it installs now (``patchkit status``);
+        the patches ``leave`` names stay waiting."""
+        left = set(leave)
         with self._lock:
-            entries = list(self._entries.values())
+            entries = [entry for entry in self._entries.values() if entry.patch.id not in left]
         self._import_waiting(entries)
         return self.status()
 

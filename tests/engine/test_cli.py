@@ -267,6 +267,57 @@ def test_doctor_json_carries_the_environment_problem_and_no_progress(broken_stac
     assert "importing toybroken ... does not import" in done.stderr
 
 
+OPTIONAL_DECLARATIONS = '''
+from patchkit import Patch, Replace, Variant
+
+
+def forward(self, x):
+    return "patched"
+
+
+PATCHES = [
+    Patch(id=f"toyoptional.{name}", summary="s", why="w", upstream="u", removal="r",
+          variants=(Variant(requires={"toyoptional": ">=1"},
+                            installs=(Replace(f"toyoptional.{name}:Model.forward", forward),)),))
+    for name in ("core", "cluster")
+]
+'''
+
+
+@pytest.fixture
+def optional_stack(tmp_path: Path) -> dict[str, str]:
+    """An upstream, toyoptional 1.0, one of whose modules imports a package it does not require and
+    that is not installed (as vLLM's Ray executor imports Ray), and a patch for each of its modules."""
+    package = tmp_path / "toyoptional"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    model = "class Model:\n    def forward(self, x):\n        return x\n"
+    (package / "core.py").write_text(model)
+    (package / "cluster.py").write_text("import toyclusterlib\n\n" + model)
+    info = tmp_path / "toyoptional-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toyoptional\nVersion: 1.0\n"
+                                   "Requires-Dist: toyclusterlib; extra == 'cluster'\n")
+    (tmp_path / "toyoptional_patches.py").write_text(textwrap.dedent(OPTIONAL_DECLARATIONS))
+    return {"PYTHONPATH": str(tmp_path), "PATCHKIT_EXTRA_PATCHES": "toyoptional_patches"}
+
+
+def test_a_module_that_needs_a_package_not_installed_makes_its_patch_not_applicable(optional_stack):
+    done = patchkit_command("doctor", "--json", "--patch", "toyoptional.*", env=optional_stack)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert report["environment"] == []
+    verdicts = {p["id"]: p for p in report["patches"]}
+    assert verdicts["toyoptional.cluster"]["verdict"] == "not_applicable"
+    assert "toyoptional.cluster imports only with toyclusterlib, which is not installed here" \
+        in verdicts["toyoptional.cluster"]["message"]
+    assert verdicts["toyoptional.core"]["verdict"] != "blocked"
+    assert "importing toyoptional.cluster failed" not in done.stderr
+    status = patchkit_command("status", env=optional_stack)
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert "does not import" not in status.stdout and "failed" not in status.stderr
+
+
 def test_progress_is_said_on_stderr_with_verbose_only(broken_stack):
     quiet = patchkit_command("status", env=broken_stack)
     assert "importing toybroken" not in quiet.stderr + quiet.stdout  # stderr is no terminal here

@@ -2,7 +2,7 @@
 vLLM's executors are imported, apply the named patches (none: vLLM as released), run one probe of
 ``patchkit/patches/vllm/_checks/_ray_boundary.py`` and print its result as JSON on the last line.
 
-    python ray_executor_probe.py {worker-options|ports|doctor} [PATCH_ID ...]
+    python ray_executor_probe.py {worker-options|ports|doctor|doctor-upstream} [PATCH_ID ...]
 """
 
 from __future__ import annotations
@@ -29,6 +29,20 @@ def main(probe: str, patch_ids: list[str]) -> object:
 
         verdicts, _ = run(patch_ids, device="cpu")
         return {verdict.id: [verdict.verdict, verdict.message] for verdict in verdicts}
+    if probe == "doctor-upstream":  # each self-check with upstream's code back while the status says applied
+        from patchkit.doctor import run
+        from patchkit.runtime.process_engine import engine
+
+        run(patch_ids, device="cpu")  # imports the targets: the patches install
+        found = {}
+        for patch_id in patch_ids:
+            # What selfcheck.upstream_behaviour does, registrations (Call) included: this process ends
+            # after the probe, so nothing is put back.
+            for action in reversed(engine().installed_actions(patch_id)):
+                action.restore()
+            (verdict,), _ = run([patch_id], device="cpu")
+            found[verdict.id] = [verdict.verdict, verdict.message]
+        return found
     if probe == "worker-options":
         options = _ray_boundary.v1_worker_options()
         seen = {"runtime_env": options.get("runtime_env"), "python": sys.executable}

@@ -115,3 +115,17 @@ def test_the_self_checks_verify_both_patches_on_vllms_own_executors():
     verdicts = _probe("doctor", RUNTIME_ENV, STORE_PORT)
     assert verdicts == {RUNTIME_ENV: ["verified", verdicts[RUNTIME_ENV][1]],
                         STORE_PORT: ["verified", verdicts[STORE_PORT][1]]}, verdicts
+
+
+@has_v1_executor
+@pytest.mark.breaks("vllm.ray_worker_runtime_env")
+def test_the_runtime_env_check_fails_with_vllms_own_worker_start():
+    (verdict, message) = _probe("doctor-upstream", RUNTIME_ENV)[RUNTIME_ENV]
+    assert verdict == "failed" and "expected" in message and "found" in message, message
+
+
+@probes_the_store_port
+@pytest.mark.breaks("vllm.ray_store_port_window")
+def test_the_store_port_check_fails_with_vllms_own_port_search():
+    (verdict, message) = _probe("doctor-upstream", STORE_PORT)[STORE_PORT]
+    assert verdict == "failed" and "expected" in message and "found" in message, message
