@@ -1,14 +1,15 @@
 """MXFP4 fused-MoE layers on vLLM's TRITON backend (what vLLM picks for gpt-oss on Hopper) refitted through
 patchkit, on real vLLM.
 
-The layer is vLLM's, with ``GptOssMxfp4Config`` (gpt-oss's SwiGLU-OAI experts: vLLM's Triton MXFP4 kernel
-takes no other activation, so a canonical ``Mxfp4Config`` layer of SiLU experts never runs it); the backend is chosen by vLLM's own
-selection and processed by vLLM's own ``_swizzle_mxfp4`` into triton_kernels' Hopper layouts (on CPU:
-``mxfp4_triton_harness``, read it for the two answers it stands in for). The proof for every case is vLLM's
-own first load of the same checkpoint into a fresh model: after each refit every tensor the Triton kernel
-reads (the layer's float32 biases, the storage of its triton_kernels weights and of the swizzled scales in
-the method's precision configs) equals that model's bit for bit, and every object the kernel holds (the
-wrappers, precision configs, quant config, kernel) and every tensor's storage is the one it had.
+The layer is vLLM's, with ``GptOssMxfp4Config`` (gpt-oss's SwiGLU-OAI experts: vLLM's Triton MXFP4
+kernel takes no other activation, so a canonical ``Mxfp4Config`` layer of SiLU experts never runs it);
+the backend is chosen by vLLM's own selection and processed by vLLM's own ``_swizzle_mxfp4`` into
+triton_kernels' Hopper layouts (on CPU: ``mxfp4_triton_harness``, read it for the two answers it stands
+in for). The proof for every case is vLLM's own first load of the same checkpoint into a fresh model:
+after each refit every tensor the Triton kernel reads (the layer's float32 biases, the storage of its
+triton_kernels weights and of the swizzled scales in the method's precision configs) equals that
+model's bit for bit, and every object the kernel holds (the wrappers, precision configs, quant config,
+kernel) and every tensor's storage is the one it had.
 """
 
 from __future__ import annotations

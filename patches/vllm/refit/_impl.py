@@ -47,8 +47,8 @@ import torch
 from .._errors import RefitError, RefitInProgressError, UnsupportedQuantizationError
 from . import _finite, _plain, _writes
 from ._commit import CommitUndo
-from ._formats import served_tensors
 from ._coverage import describe_key
+from ._formats import served_tensors
 from ._kv_slots import ServedScales
 from ._loaders import counting_loader, get_loader, refuse_without_data, set_loader
 from ._session import claimed

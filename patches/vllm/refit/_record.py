@@ -15,8 +15,8 @@ it):
   alike), when its row says a refit can take it (``unrefittable``): those checkpoint parameters going
   in (the checkpoint's shape of each one vLLM padded: the row's ``checkpoint_shapes``) and the kernel
   tensors coming out (with the row's ``served_tensors``: what the kernel reads besides the layer's
-  tensors) are recorded for ``_impl``, and the row's ``backend`` names the kernel backend in the record. What a refit must supply is every such
-  parameter in full, except placeholders the method never reads (``_placeholders``);
+  tensors) are recorded for ``_impl``, with the kernel backend the row's ``backend`` names. What a
+  refit must supply is every such parameter in full, except placeholders the method never reads (``_placeholders``);
 - a refit's own re-processing runs the row's ``before_reprocessing`` while checkpoint parameters are
   staged, then upstream's method; any other later call passes straight through.
 """
