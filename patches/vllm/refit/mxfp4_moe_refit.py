@@ -51,9 +51,9 @@ PATCHES = (
         why=(
             "GptOssMxfp4MoEMethod/Mxfp4MoEMethod.process_weights_after_loading convert the checkpoint "
             "tensors to the backend's layout (Marlin tiles, permuted scales; gpt-oss's hidden size 2880 "
-            "padded to 3072; on Triton, swizzled triton_kernels tensors off the layer's parameters), so an RL loop's second load_weights fails; verl patches vLLM's mxfp4 "
-            "replace_parameter for this (verl #7149), and vLLM's own layerwise reload is not "
-            "all-or-nothing on bad input."
+            "padded to 3072; on Triton, swizzled triton_kernels tensors off the layer's parameters), so an "
+            "RL loop's second load_weights fails; verl patches vLLM's mxfp4 replace_parameter for this "
+            "(verl #7149), and vLLM's own layerwise reload is not all-or-nothing on bad input."
         ),
         upstream=(
             "https://github.com/vllm-project/vllm/blob/v0.29.0/"
