@@ -214,17 +214,19 @@ def test_a_gpt_oss_tp_rank_with_part_block_slices_refits_to_vllms_first_load(
 def test_a_layer_on_another_backend_is_refused_by_name_and_changes_nothing(
     marlin: None, nvfp4_refit_patch: None
 ) -> None:
-    """Backends other than MARLIN stay refused, naming the backend. No other MXFP4 backend builds on CPU (Triton
-    needs triton_kernels, EMULATION amd-quark), so a layer processed on Marlin is relabelled TRITON, as the
-    method reports a Triton layer (``mxfp4_backend``); unrecorded, as the patch leaves such a layer."""
+    """Backends other than MARLIN and TRITON stay refused, naming the backend: here Hopper's other one, FlashInfer's
+    SM90 MXFP4 x BF16 kernel. Its processing needs FlashInfer's CUDA interleave, so a layer processed on Marlin is
+    relabelled, as the method reports the backend (``mxfp4_backend``); unrecorded, as the patch leaves such a
+    layer."""
     from vllm.model_executor.layers.fused_moe.oracle.mxfp4 import Mxfp4MoeBackend
 
     sizes = SIZES["gpt-oss-hidden-padded"]
     model = first_load("gpt_oss", checkpoint("gpt_oss", 1, *sizes), "cpu", *sizes)
-    model.routed.quant_method.mxfp4_backend = Mxfp4MoeBackend.TRITON
+    model.routed.quant_method.mxfp4_backend = Mxfp4MoeBackend.FLASHINFER_CUTLASS_MXFP4_BF16
     before = kernel_state(model)
     with pytest.raises(UnsupportedQuantizationError,
-                       match=r"GptOssMxfp4MoEMethod \(MXFP4 backend TRITON; a refit supports MARLIN\)") as caught:
+                       match=r"GptOssMxfp4MoEMethod \(MXFP4 backend FLASHINFER_CUTLASS_MXFP4_BF16; a refit supports "
+                       r"MARLIN, TRITON\)") as caught:
         refit_weights(model, items(checkpoint("gpt_oss", 2, *sizes)))
     assert "vllm.mxfp4_moe_refit" in caught.value.supported
     assert_same_kernel_state(model, before)

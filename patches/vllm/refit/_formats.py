@@ -33,10 +33,13 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._constants import NVFP4_REFIT_PATCH_ID
 from . import _fp8_online_targets, _mxfp4_targets, _mxfp8_targets
+
+if TYPE_CHECKING:
+    import torch
 
 _QUANT = "vllm.model_executor.layers.quantization"
 FP8 = f"{_QUANT}.fp8"
@@ -72,6 +75,12 @@ class RefitFormat:
     #: ``(layer)``, run before a refit's own processing of a recorded layer: undo what makes upstream's
     #: processing run only once
     before_reprocessing: Callable[[Any], None] | None = None
+    #: ``(method, layer)`` -> tensors the kernel reads that are not the layer's own tensors, by a name
+    #: (MXFP4 on Triton: the storage behind triton_kernels' wrapped weights and the swizzled scales in the
+    #: method's precision configs); recorded with the layer's kernel tensors and refitted in place like them
+    served_tensors: Callable[[Any, Any], Mapping[str, torch.Tensor]] | None = None
+    #: ``(method)`` -> the kernel backend the layer runs, named in its record and in messages
+    backend: Callable[[Any], str] | None = None
 
     def method_classes(self) -> tuple[type, ...]:
         return _imported(self.methods)
@@ -136,6 +145,8 @@ FORMATS: tuple[RefitFormat, ...] = (
         unrefittable=_mxfp4_targets.unrefittable_reason,
         detail=_mxfp4_targets.describe,
         checkpoint_shapes=_mxfp4_targets.checkpoint_shapes,
+        served_tensors=_mxfp4_targets.served_tensors,
+        backend=_mxfp4_targets.backend_name,
     ),
 )
 
@@ -172,6 +183,20 @@ def recording_patch(method: Any, layer: Any = None) -> str | None:
     (``None``: a layer the refit loads in place, or does not cover)."""
     fmt = format_of(method, layer)
     return fmt.patch_id if fmt is not None else None
+
+
+def served_tensors(method: Any, layer: Any) -> dict[str, torch.Tensor]:
+    """The tensors the kernel of ``layer`` reads besides the layer's own (its row's ``served_tensors``)."""
+    fmt = matching_format(method, layer)
+    if fmt is None or fmt.served_tensors is None:
+        return {}
+    return dict(fmt.served_tensors(wrapped_method(method), layer))
+
+
+def backend(method: Any, layer: Any = None) -> str | None:
+    """The kernel backend a layer of a format with several runs (its row's ``backend``), else ``None``."""
+    fmt = matching_format(method, layer)
+    return fmt.backend(wrapped_method(method)) if fmt is not None and fmt.backend is not None else None
 
 
 def loads_in_place(method: Any) -> bool:

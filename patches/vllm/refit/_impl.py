@@ -48,6 +48,7 @@ from .._errors import RefitError, RefitInProgressError, UnsupportedQuantizationE
 from . import _finite, _plain, _writes
 from ._commit import CommitUndo
 from ._coverage import describe_key
+from ._formats import served_tensors
 from ._kv_slots import ServedScales
 from ._loaders import counting_loader, get_loader, refuse_without_data, set_loader
 from ._session import claimed
@@ -132,6 +133,7 @@ def _stage_layer(layer_name: str, layer: torch.nn.Module, state: LayerRefitState
         param.__dict__.clear()
         param.__dict__.update(attrs)
     clear_tensors(layer)
+    state.kernel.move_objects_aside(layer)
     for name, param in state.staging.params.items():
         layer.register_parameter(name, param)
 
@@ -354,7 +356,7 @@ def _process(layer_name: str, layer: torch.nn.Module, state: LayerRefitState) ->
             f"refit of layer {layer_name!r}: upstream process_weights_after_loading failed: {exc}",
             layer=layer_name,
         ) from exc
-    fresh = KernelTensors.of(layer)
+    fresh = KernelTensors.of(layer, served_tensors(method, layer))
     for name, old in state.kernel.items():
         new = fresh.get(name)
         if new is None or new.shape != old.shape or new.dtype != old.dtype:

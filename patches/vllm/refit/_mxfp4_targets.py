@@ -7,18 +7,34 @@ Both pick a backend at construction (``method.mxfp4_backend``, from
 ``fused_moe/oracle/mxfp4.py``) and convert the checkpoint tensors to that backend's layout in
 ``process_weights_after_loading``.
 
-A refit re-runs that processing on fresh checkpoint tensors and copies what lands on the layer into
-the tensors in use. That is exact only where every tensor the kernel reads lives on the layer:
+A refit re-runs that processing on fresh checkpoint tensors and copies what lands on the layer (and
+what :func:`served_tensors` names besides) into the tensors in use. That is exact only where every
+tensor the kernel reads is one of those. What vLLM picks on Hopper (SM90): for gpt-oss, ``TRITON``
+when ``triton_kernels`` imports (the vllm wheel ships it as ``vllm.third_party.triton_kernels``, so by
+default), else ``FLASHINFER_CUTLASS_MXFP4_BF16`` (FlashInfer installed), else ``MARLIN``; for the
+canonical ``mxfp4`` method ``MARLIN`` (0.33: ``HUMMING`` first when Humming is prioritised).
 
 - ``MARLIN`` (CUDA GPUs of capability 7.5+; what ``--moe-backend marlin`` asks for): the
   weights are repacked and the scales permuted into new layer parameters; the method's quant config
   and kernel hold those parameter objects, which a refit keeps. Proven on CPU against vLLM's own first
   load (tests/vllm/test_mxfp4_moe_refit.py).
-- Every other backend is refused: the Triton backends keep their swizzled scales inside the method's
-  ``w13_precision_config``/``w2_precision_config`` objects (a refit would leave them stale), and the
-  FlashInfer, AITER, CUTLASS, DeepGEMM, CPU, XPU, Humming and emulation backends were not run here
-  (their processing needs their own GPU libraries or, for CPU, vLLM's CPU build), so nothing shows
-  what they keep besides the layer's tensors.
+- ``TRITON`` (triton_kernels' fused MoE, SM90 to SM12x; gpt-oss's default on Hopper; SwiGLU-OAI experts
+  only, so never a canonical ``mxfp4`` layer of SiLU experts): biases become new
+  float32 layer parameters; the weights and scales go through ``_swizzle_mxfp4`` (transposed, then
+  ``convert_layout`` to triton_kernels' Hopper/Blackwell layouts; on Hopper 0.29+ first pads the
+  scales to a multiple of 4 blocks) into new triton_kernels ``Tensor`` wrappers. The weight wrappers replace
+  the ``w13_weight``/``w2_weight`` parameters as plain layer attributes; the scale wrappers live in the
+  method's ``w13_precision_config``/``w2_precision_config``, which its quant config and kernel hold. The
+  checkpoint weight (and, from 0.29, scale) parameters are deleted. A refit keeps the first load's
+  wrappers and precision configs and copies the re-processed storage into theirs
+  (:func:`served_tensors`): the layout is a function of the shapes alone, so nothing is reallocated.
+  Proven on CPU with vLLM's own ``_swizzle_mxfp4`` and triton_kernels' own Hopper layouts
+  (tests/vllm/test_mxfp4_moe_refit_triton.py).
+- Every other backend is refused: ``FLASHINFER_CUTLASS_MXFP4_BF16`` (Hopper's MXFP4 x BF16 FlashInfer
+  kernel, picked for gpt-oss only without triton_kernels or by ``--moe-backend flashinfer_cutlass``) calls
+  FlashInfer's SM90 interleave, which was not run here; the FlashInfer TRT-LLM, AITER, CUTLASS, DeepGEMM,
+  CPU, XPU, Humming and emulation backends were not run either (their processing needs their own GPU
+  libraries or, for CPU, vLLM's CPU build), so nothing shows what they keep besides the layer's tensors.
 
 A padded layer is taken too. vLLM rounds ``hidden_size`` and the per-rank ``intermediate_size`` up to
 the backend's tile (``mxfp4_round_up_hidden_size_and_intermediate_size``, 0.24-0.33; Marlin: hidden to
@@ -41,13 +57,19 @@ rows, configured 720, padded to 768) the refit demands gpt-oss's slice (:func:`_
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 #: the ``Mxfp4MoeBackend`` member names a refit is proven on
-REFITTABLE_BACKENDS = frozenset({"MARLIN"})
+REFITTABLE_BACKENDS = frozenset({"MARLIN", "TRITON"})
+#: the backends whose weights and scales live in triton_kernels wrappers (vLLM's ``TRITON_BACKENDS``
+#: that a refit takes)
+_TRITON_KERNELS_BACKENDS = frozenset({"TRITON"})
 
 #: What a refit takes of MXFP4, for error messages.
-SUPPORTED = "MXFP4 fused-MoE layers on vLLM's MARLIN backend, padded or not (vllm.mxfp4_moe_refit)"
+SUPPORTED = "MXFP4 fused-MoE layers on vLLM's MARLIN or TRITON backend, padded or not (vllm.mxfp4_moe_refit)"
 MXFP4_BLOCK = 32
 #: Which dimension of each checkpoint parameter is the experts' (``e``), hidden (``h``) or
 #: intermediate (``i``) one, as ``create_weights`` lays them out (0.24-0.33, both methods).
@@ -77,6 +99,34 @@ def unrefittable_reason(method: Any) -> str | None:
 def describe(method: Any) -> str:
     """The layer's backend, or why it cannot be refitted, for messages."""
     return unrefittable_reason(method) or f"MXFP4 backend {backend_name(method)}"
+
+
+def served_tensors(method: Any, layer: Any) -> dict[str, torch.Tensor]:
+    """The tensors a Triton layer's kernel reads that are not the layer's own: the storage behind the
+    triton_kernels wrappers of its weights (layer attributes) and of its swizzled scales (the method's
+    precision configs). Empty for every other backend (their kernel tensors are the layer's)."""
+    if backend_name(method) not in _TRITON_KERNELS_BACKENDS:
+        return {}
+    tensors = {}
+    for proj in ("w13", "w2"):
+        tensors[f"{proj}_weight (triton_kernels storage)"] = _storage(vars(layer)[f"{proj}_weight"])
+        config = getattr(method, f"{proj}_precision_config")
+        # triton_kernels 3.8 names the weight scale b_mx_scale (vLLM's mxfp4_utils.weight_mx_scale)
+        scale = getattr(config, "weight_scale", None)
+        if scale is None:
+            scale = config.b_mx_scale
+        tensors[f"{proj}_precision_config.weight_scale (triton_kernels storage)"] = _storage(scale)
+    return tensors
+
+
+def _storage(wrapped: Any) -> torch.Tensor:
+    """The torch tensor a triton_kernels ``Tensor`` keeps its data in (its layout's bytes)."""
+    import torch
+
+    data = wrapped.storage.data
+    if not isinstance(data, torch.Tensor):
+        raise TypeError(f"a triton_kernels tensor whose storage is {type(data).__name__}, not a torch tensor")
+    return data
 
 
 def checkpoint_shapes(method: Any, layer: Any) -> dict[str, tuple[int, ...]]:

@@ -14,8 +14,9 @@ it):
 - around a layer's first ``process_weights_after_loading`` (after a real load or a dummy start,
   alike), when its row says a refit can take it (``unrefittable``): those checkpoint parameters going
   in (the checkpoint's shape of each one vLLM padded: the row's ``checkpoint_shapes``) and the kernel
-  tensors coming out are recorded for ``_impl``. What a refit must supply is every such
-  parameter in full, except placeholders the method never reads (``_placeholders``);
+  tensors coming out (with the row's ``served_tensors``: what the kernel reads besides the layer's
+  tensors) are recorded for ``_impl``, with the kernel backend the row's ``backend`` names. What a
+  refit must supply is every such parameter in full, except placeholders the method never reads (``_placeholders``);
 - a refit's own re-processing runs the row's ``before_reprocessing`` while checkpoint parameters are
   staged, then upstream's method; any other later call passes straight through.
 """
@@ -29,7 +30,7 @@ from typing import Any
 
 import torch
 
-from ._formats import format_of, matching_format
+from ._formats import backend, format_of, matching_format, served_tensors
 from ._placeholders import unread_placeholders
 from ._state import (
     CREATED_ATTR,
@@ -79,16 +80,15 @@ def wrap_process_weights_after_loading(original: Callable[..., Any]) -> Callable
         shapes = fmt.checkpoint_shapes(self, layer) if fmt.checkpoint_shapes is not None else None
         checkpoint = capture_checkpoint_specs(layer, created, unread_placeholders(self), shapes)
         result = original(self, layer, *args, **kwargs)
-        object.__setattr__(
-            layer,
-            STATE_ATTR,
-            LayerRefitState(
-                checkpoint=checkpoint,
-                kernel=KernelTensors.of(layer),
-                method_state=capture_method_state(self),
-            ),
+        state = LayerRefitState(
+            checkpoint=checkpoint,
+            kernel=KernelTensors.of(layer, served_tensors(self, layer), checkpoint),
+            method_state=capture_method_state(self),
+            backend=backend(self, layer),
         )
-        logger.debug("recorded %d checkpoint parameters of %s for refit", len(checkpoint), type(layer).__name__)
+        object.__setattr__(layer, STATE_ATTR, state)
+        logger.debug("recorded %d checkpoint parameters of %s for refit%s", len(checkpoint), type(layer).__name__,
+                     f" (backend {state.backend})" if state.backend else "")
         return result
 
     return process_weights_after_loading

@@ -13,7 +13,7 @@ though weight loaders are bound to it.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,15 +116,30 @@ class ParamSpec:
 
 @dataclass
 class KernelTensors:
-    """The layer's tensors after processing, by kind, so they can be put back as they were."""
+    """The layer's tensors after processing, by kind, so they can be put back as they were.
+
+    ``served`` are tensors the kernel reads that are not the layer's own (the format row's
+    ``served_tensors``: MXFP4 on Triton keeps its weights in triton_kernels wrappers and its scales in
+    the method's precision configs); a refit copies into them like into the layer's. ``objects`` are
+    what processing left on the layer under a checkpoint parameter's name that is no tensor (the
+    triton_kernels wrapper in place of ``w13_weight``): put back with the tensors, and moved aside
+    while a refit stages that parameter.
+    """
 
     params: dict[str, torch.nn.Parameter]
     buffers: dict[str, torch.Tensor]
     non_persistent: frozenset[str]
     attrs: dict[str, torch.Tensor]
+    served: dict[str, torch.Tensor] = field(default_factory=dict)
+    objects: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, layer: torch.nn.Module) -> KernelTensors:
+    def of(
+        cls,
+        layer: torch.nn.Module,
+        served: Mapping[str, torch.Tensor] | None = None,
+        checkpoint_names: Iterable[str] = (),
+    ) -> KernelTensors:
         return cls(
             params={n: p for n, p in layer._parameters.items() if p is not None},
             buffers={n: b for n, b in layer._buffers.items() if b is not None},
@@ -134,22 +149,33 @@ class KernelTensors:
                 for n, v in vars(layer).items()
                 if isinstance(v, torch.Tensor) and not n.startswith("_patchkit")
             },
+            served=dict(served or {}),
+            objects={
+                n: vars(layer)[n]
+                for n in checkpoint_names
+                if n in vars(layer) and not isinstance(vars(layer)[n], torch.Tensor)
+            },
         )
 
     def names(self) -> set[str]:
-        return set(self.params) | set(self.buffers) | set(self.attrs)
+        return set(self.params) | set(self.buffers) | set(self.attrs) | set(self.served)
 
     def items(self) -> list[tuple[str, torch.Tensor]]:
-        return [*self.params.items(), *self.buffers.items(), *self.attrs.items()]
+        return [*self.params.items(), *self.buffers.items(), *self.attrs.items(), *self.served.items()]
 
     def get(self, name: str) -> torch.Tensor | None:
-        for group in (self.params, self.buffers, self.attrs):
+        for group in (self.params, self.buffers, self.attrs, self.served):
             if name in group:
                 return group[name]
         return None
 
+    def move_objects_aside(self, layer: torch.nn.Module) -> None:
+        """Take :attr:`objects`' names off the layer, so parameters of those names can be registered."""
+        for name in self.objects:
+            vars(layer).pop(name, None)
+
     def place_on(self, layer: torch.nn.Module) -> None:
-        """Make exactly these tensors the layer's tensors."""
+        """Make exactly these tensors (and :attr:`objects`) the layer's tensors."""
         clear_tensors(layer)
         for name, param in self.params.items():
             layer.register_parameter(name, param)
@@ -157,6 +183,8 @@ class KernelTensors:
             layer.register_buffer(name, buffer, persistent=name not in self.non_persistent)
         for name, tensor in self.attrs.items():
             object.__setattr__(layer, name, tensor)
+        for name, value in self.objects.items():
+            object.__setattr__(layer, name, value)
 
 
 @dataclass
@@ -198,6 +226,9 @@ class LayerRefitState:
     kernel: KernelTensors
     method_state: dict[str, Any]
     staging: Staging | None = None
+    #: the kernel backend the layer was recorded on, for a format with several (MXFP4: ``MARLIN``,
+    #: ``TRITON``), else ``None``
+    backend: str | None = None
     #: the checkpoint-format parameters and their attribute dicts (with the counting loaders), built
     #: at the layer's first refit and given fresh storage by each refit (empty in between: they
     #: hold no memory)

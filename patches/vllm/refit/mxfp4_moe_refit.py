@@ -13,15 +13,19 @@ What upstream does (``vllm/model_executor/layers/quantization/mxfp4.py`` and
 Processing converts them to the selected backend's layout; on MARLIN the weights become int32 Marlin
 tiles and the scales permuted E8M0 of another shape, so a second ``load_weights`` fails on the shapes.
 
-Covered: the MARLIN backend, padded or not. vLLM pads for Marlin (hidden size to 256, per-rank
+Covered: the MARLIN backend, padded or not, and the TRITON backend (triton_kernels' fused MoE: what vLLM
+picks for gpt-oss on Hopper). vLLM pads for Marlin (hidden size to 256, per-rank
 intermediate size to 128: gpt-oss-20b/120b's 2880/2880 become 3072/2944, the same in 0.24, 0.29 and
 0.33), zero-fills the padded parameters and loads the checkpoint into part of them; a refit stages
 zeros of the padded shape and demands the checkpoint's part (``_mxfp4_targets.checkpoint_shapes``).
 With tensor parallelism a rank is demanded the slice its loader gives it: gpt-oss's model loader
 slices in whole 32-wide blocks (at TP 4: 736, 736, 736 and 672 rows, not the configured 720).
-Refused by name, before any write (``UnsupportedQuantizationError``): every other backend
-(``_mxfp4_targets`` says why: the Triton backends keep swizzled scales in the method's precision
-configs, the rest could not be run here).
+On TRITON processing swizzles weights and scales into triton_kernels tensors kept off the layer's
+parameters (the weights as layer attributes, the scales in the method's precision configs); a refit
+copies the re-processed storage into those (``_mxfp4_targets.served_tensors``), so the kernel keeps
+every object and address. Refused by name, before any write (``UnsupportedQuantizationError``): every
+other backend (``_mxfp4_targets`` says why: FlashInfer's SM90 MXFP4 x BF16 kernel and the rest could not
+be run here).
 
 No range is declared ``native``: vLLM's layerwise reload (``reload_weights``, vLLM #32133) is not
 all-or-nothing on bad input (tests/vllm/test_mxfp4_moe_refit.py pins what it does on MXFP4).
@@ -40,15 +44,16 @@ PATCHES = (
         id="vllm.mxfp4_moe_refit",
         self_check="._checks.mxfp4_moe_refit:check_mxfp4_moe_refit",
         summary=(
-            "MXFP4 fused-MoE layers (gpt-oss; MARLIN backend, padded sizes included) record their checkpoint "
-            "parameters so patchkit.patches.vllm.refit can reload them into the same kernel tensors."
+            "MXFP4 fused-MoE layers (gpt-oss; MARLIN backend, padded sizes included, and TRITON, gpt-oss's "
+            "backend on Hopper) record their checkpoint parameters so patchkit.patches.vllm.refit can reload "
+            "them into the same kernel tensors."
         ),
         why=(
             "GptOssMxfp4MoEMethod/Mxfp4MoEMethod.process_weights_after_loading convert the checkpoint "
             "tensors to the backend's layout (Marlin tiles, permuted scales; gpt-oss's hidden size 2880 "
-            "padded to 3072), so an RL loop's second load_weights fails; verl patches vLLM's mxfp4 "
-            "replace_parameter for this (verl #7149), and vLLM's own layerwise reload is not "
-            "all-or-nothing on bad input."
+            "padded to 3072; on Triton, swizzled triton_kernels tensors off the layer's parameters), so an "
+            "RL loop's second load_weights fails; verl patches vLLM's mxfp4 replace_parameter for this "
+            "(verl #7149), and vLLM's own layerwise reload is not all-or-nothing on bad input."
         ),
         upstream=(
             "https://github.com/vllm-project/vllm/blob/v0.29.0/"
