@@ -22,6 +22,11 @@ TORCHRUN_RANKS = ROOT / "tests" / "procs" / "test_procs_torchrun.py"
 PICKED_PORT = re.compile(r"free_port|MASTER_PORT|tcp://|TCPStore\(")
 #: A TCP address on port 0: the kernel picks the port at the bind, nothing to lose in between.
 PORT_ZERO = re.compile(r"tcp://[^\"']*:0[\"']")
+#: vllm.ray_store_port_window's self-check and its probe: the behaviour under test is vLLM's own search for
+#: the TCPStore's port from a VLLM_PORT base, and whether a store then binds the port vLLM chose. One process,
+#: no rank waits on it; a port another process takes in between is reported as the check's error, no hang.
+PORT_SEARCH_UNDER_TEST = {"patches/vllm/_checks/_ray_boundary.py", "patches/vllm/_checks/ray_store_port_window.py",
+                          "tests/vllm/ray_executor_probe.py"}
 RANKS_STARTED_ELSEWHERE = re.compile(r"start_processes\(|\bmp\.spawn\(|multiprocessing\.spawn\(")
 
 
@@ -32,6 +37,7 @@ def sources(*folders: str) -> list[Path]:
 
 def test_no_test_self_check_or_benchmark_picks_a_port_to_bind_later():
     found = [f"{p.relative_to(ROOT)}:{n}" for p in sources("tests", "patches", "patchkit", "benchmarks")
+             if str(p.relative_to(ROOT)) not in PORT_SEARCH_UNDER_TEST
              for n, line in enumerate(p.read_text().splitlines(), 1)
              if PICKED_PORT.search(line) and not PORT_ZERO.search(line)]
     assert not found, found

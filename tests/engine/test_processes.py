@@ -197,10 +197,10 @@ def test_status_json_stdout_is_clean_when_an_import_writes_to_fd_1(monkeypatch, 
 
     original = patchkit.Engine.import_targets
 
-    def chatty_import_targets(self):
+    def chatty_import_targets(self, leave=()):
         os.write(1, b"upstream chatter on fd 1\n")  # a target module's import writing below Python
         print("upstream chatter through sys.stdout")
-        return original(self)
+        return original(self, leave)
 
     monkeypatch.setattr(patchkit.Engine, "import_targets", chatty_import_targets)
     assert main(["status", "--json"]) in (0, 1)
