@@ -54,6 +54,17 @@ def bits(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().reshape(-1).view(torch.uint8)
 
 
+def assert_same_as_first_load(model: torch.nn.Module, reference: torch.nn.Module) -> None:
+    """Every parameter and buffer of ``model`` has the name, shape, dtype and bytes of ``reference``'s
+    (vLLM's own first load of the same checkpoint into a fresh model)."""
+    ours = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    theirs = {**dict(reference.named_parameters()), **dict(reference.named_buffers())}
+    assert ours.keys() == theirs.keys()
+    for name, tensor in theirs.items():
+        assert (ours[name].shape, ours[name].dtype) == (tensor.shape, tensor.dtype), name
+        assert torch.equal(bits(ours[name]), bits(tensor)), name
+
+
 def kernel_state(model: torch.nn.Module) -> dict[str, tuple[int, torch.Tensor]]:
     """Every parameter and buffer: data pointer and a copy of its bytes."""
     tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}

@@ -34,7 +34,13 @@ from fp8_helpers import (
     quantised_from_bf16,
     with_e8m0_scales,
 )
-from nvfp4_helpers import assert_same_kernel_state, bits, dummy_started, kernel_state, process_weights_after_loading
+from nvfp4_helpers import (
+    assert_same_as_first_load,
+    assert_same_kernel_state,
+    dummy_started,
+    kernel_state,
+    process_weights_after_loading,
+)
 from patchkit.patches.vllm.refit import RefitError, refit_weights
 from refit_driver import pointers, refit_alternately
 
@@ -84,15 +90,6 @@ def started(case: Case, start: str, vllm_config: object) -> torch.nn.Module:
     if start == "dummy":
         return dummy_started(case.model(), vllm_config)
     return first_load(case, case.checkpoint("fp8", seed=100))
-
-
-def assert_same_as_first_load(model: torch.nn.Module, reference: torch.nn.Module) -> None:
-    ours = {**dict(model.named_parameters()), **dict(model.named_buffers())}
-    theirs = {**dict(reference.named_parameters()), **dict(reference.named_buffers())}
-    assert ours.keys() == theirs.keys()
-    for name, tensor in theirs.items():
-        assert (ours[name].shape, ours[name].dtype) == (tensor.shape, tensor.dtype), name
-        assert torch.equal(bits(ours[name]), bits(tensor)), name
 
 
 def assert_power_of_two_scales(case: Case, model: torch.nn.Module) -> None:

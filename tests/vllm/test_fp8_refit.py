@@ -15,6 +15,7 @@ import pytest
 import torch
 from fp8_helpers import Fp8Linears, Fp8Moe, items, linear_checkpoint, moe_checkpoint
 from nvfp4_helpers import (
+    assert_same_as_first_load,
     assert_same_kernel_state,
     bits,
     dummy_started,
@@ -46,15 +47,6 @@ def started(kind: str, block: bool, start: str, vllm_config: object) -> torch.nn
     if start == "dummy":
         return dummy_started(KINDS[kind][0](block), vllm_config)
     return first_load(kind, block, KINDS[kind][1](block, seed=100))
-
-
-def assert_same_as_first_load(model: torch.nn.Module, reference: torch.nn.Module) -> None:
-    ours = {**dict(model.named_parameters()), **dict(model.named_buffers())}
-    theirs = {**dict(reference.named_parameters()), **dict(reference.named_buffers())}
-    assert ours.keys() == theirs.keys()
-    for name, tensor in theirs.items():
-        assert (ours[name].shape, ours[name].dtype) == (tensor.shape, tensor.dtype), name
-        assert torch.equal(bits(ours[name]), bits(tensor)), name
 
 
 @pytest.mark.parametrize(("kind", "block"), CASES)
